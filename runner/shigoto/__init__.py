@@ -1,0 +1,57 @@
+"""Shigoto: a PostgreSQL-backed background job queue.
+
+The public surface is re-exported here; everything else is an implementation detail.
+"""
+
+from shigoto.client import aenqueue, aenqueue_many, enqueue, enqueue_many
+from shigoto.context import JobContext, current_job
+from shigoto.errors import (
+    Cancel,
+    ConfigurationError,
+    Discard,
+    Error,
+    JobTimeoutError,
+    MigrationError,
+    Snooze,
+    UnknownWorkerError,
+    ValidationError,
+)
+from shigoto.job import Job, JobState
+from shigoto.migrate import migrate
+from shigoto.operations import cancel_by, health, retry_by, status
+from shigoto.runner import Runner
+from shigoto.testing import adrain_queue, drain_queue
+from shigoto.worker import Worker, worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Cancel",
+    "ConfigurationError",
+    "Discard",
+    "Error",
+    "Job",
+    "JobContext",
+    "JobState",
+    "JobTimeoutError",
+    "MigrationError",
+    "Runner",
+    "Snooze",
+    "UnknownWorkerError",
+    "ValidationError",
+    "Worker",
+    "__version__",
+    "adrain_queue",
+    "aenqueue",
+    "aenqueue_many",
+    "cancel_by",
+    "current_job",
+    "drain_queue",
+    "enqueue",
+    "enqueue_many",
+    "health",
+    "migrate",
+    "retry_by",
+    "status",
+    "worker",
+]

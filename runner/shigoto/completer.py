@@ -1,0 +1,116 @@
+"""Batched, retried, idempotent acknowledgement of finished attempts.
+
+Executors hand completions over without waiting; one writer task sends whatever accumulated
+while its previous write was in flight, so the batch size follows the load. A write that fails
+(connection killed, server restarting) is retried with backoff and never dropped; the guarded
+UPDATE makes a repeated write harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from shigoto import _sql, telemetry
+from shigoto.executor import Completion
+
+log = logging.getLogger("shigoto.completer")
+
+MAX_BATCH = 2000
+RETRY_INITIAL = 0.1
+RETRY_MAX = 5.0
+
+
+def batch_params(batch: list[Completion], node: str) -> dict[str, Any]:
+    """The unnest arrays of one batch. Pure, so it is unit-tested without a database."""
+    import json
+
+    return {
+        "ids": [c.job.id for c in batch],
+        "attempts": [c.job.attempt for c in batch],
+        "states": [str(c.state) for c in batch],
+        "delays": [c.delay for c in batch],
+        "results": [c.result_json for c in batch],
+        "errors": [json.dumps(c.error) if c.error is not None else None for c in batch],
+        "snoozes": [c.snooze for c in batch],
+        "node": node,
+    }
+
+
+class Completer:
+    def __init__(self, pool: AsyncConnectionPool, stmts: _sql.Statements, node: str) -> None:
+        self.pool = pool
+        self.stmts = stmts
+        self.node = node
+        self._pending: list[Completion] = []
+        self._ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._stopping = False
+
+    def submit(self, completion: Completion) -> None:
+        self._pending.append(completion)
+        self._idle.clear()
+        self._ready.set()
+
+    @property
+    def backlog(self) -> int:
+        return len(self._pending)
+
+    async def run(self) -> None:
+        """Write batches until stopped and drained."""
+        while True:
+            if not self._pending:
+                self._idle.set()
+                if self._stopping:
+                    return
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            batch = self._pending[:MAX_BATCH]
+            del self._pending[:MAX_BATCH]
+            await self._write_with_retry(batch)
+
+    async def _write_with_retry(self, batch: list[Completion]) -> None:
+        delay = RETRY_INITIAL
+        attempt = 0
+        while True:
+            attempt += 1
+            started = time.monotonic()
+            try:
+                acknowledged = await self._write(batch)
+            except Exception as exc:
+                telemetry.emit("completer.error", {"attempt": attempt}, {"node": self.node, "error": exc})
+                log.warning(
+                    "could not record %d completions (try %d), retrying in %.1fs: %s",
+                    len(batch), attempt, delay, exc, extra={"node": self.node},
+                )  # fmt: skip
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+                continue
+            telemetry.emit(
+                "completer.flush",
+                {"duration": time.monotonic() - started, "count": len(batch),
+                 "acknowledged": acknowledged},
+                {"node": self.node},
+            )  # fmt: skip
+            return
+
+    async def _write(self, batch: list[Completion]) -> int:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self.stmts.complete, batch_params(batch, self.node))
+            return cur.rowcount
+
+    async def drain(self, timeout: float) -> bool:
+        """Stop after writing what is pending; False if that did not finish within `timeout`."""
+        self._stopping = True
+        self._ready.set()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True

@@ -1,0 +1,116 @@
+"""Typed settings read from the environment, validated with hints on how to fix them.
+
+Every CLI flag has an env var; the CLI passes flags explicitly, so flags win.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from shigoto.errors import ConfigurationError
+
+ENV_DATABASE_URL = "SHIGOTO_DATABASE_URL"
+ENV_SCHEMA = "SHIGOTO_SCHEMA"
+ENV_QUEUES = "SHIGOTO_QUEUES"
+ENV_IMPORT = "SHIGOTO_IMPORT"
+
+DEFAULT_SCHEMA = "public"
+DEFAULT_QUEUES = {"default": 10}
+MAX_QUEUE_NAME = 128
+
+_SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+def database_url(explicit: str | None = None, env: Mapping[str, str] = os.environ) -> str:
+    """The URL to use: the explicit one, else SHIGOTO_DATABASE_URL, else a clear error."""
+    url = explicit or env.get(ENV_DATABASE_URL)
+    if not url:
+        raise ConfigurationError(
+            f"no database configured: pass database_url= or set {ENV_DATABASE_URL} "
+            "(e.g. postgresql://user:pass@host:5432/db)"
+        )
+    return url
+
+
+def schema(explicit: str | None = None, env: Mapping[str, str] = os.environ) -> str:
+    """The schema holding the tables; validated so it can never smuggle SQL."""
+    name = explicit or env.get(ENV_SCHEMA) or DEFAULT_SCHEMA
+    if not _SCHEMA_RE.match(name):
+        raise ConfigurationError(
+            f"{ENV_SCHEMA}: {name!r} is not a plain PostgreSQL identifier; use letters, digits "
+            "and underscores, starting with a letter or underscore (at most 63 characters)"
+        )
+    return name
+
+
+def parse_queues(text: str) -> dict[str, int]:
+    """Parse `default=10,emails=5` (also whitespace-separated) into {queue: concurrency}."""
+    queues: dict[str, int] = {}
+    for item in re.split(r"[,\s]+", text.strip()):
+        if not item:
+            continue
+        name, sep, limit = item.partition("=")
+        name = name.strip()
+        if not sep:
+            limit = "10"
+        if not name or len(name) > MAX_QUEUE_NAME:
+            raise ConfigurationError(
+                f"queues: {item!r} needs a queue name of 1 to {MAX_QUEUE_NAME} characters, "
+                "written as NAME=CONCURRENCY (e.g. emails=5)"
+            )
+        try:
+            concurrency = int(limit)
+        except ValueError:
+            raise ConfigurationError(
+                f"queues: concurrency of {name!r} must be a whole number, got {limit!r} "
+                "(write NAME=CONCURRENCY, e.g. emails=5)"
+            ) from None
+        if concurrency < 1:
+            raise ConfigurationError(
+                f"queues: concurrency of {name!r} must be at least 1, got {concurrency}"
+            )
+        queues[name] = concurrency
+    if not queues:
+        raise ConfigurationError("queues: give at least one queue, e.g. default=10")
+    return queues
+
+
+def queues_from_env(env: Mapping[str, str] = os.environ) -> dict[str, int]:
+    text = env.get(ENV_QUEUES)
+    return parse_queues(text) if text else dict(DEFAULT_QUEUES)
+
+
+def imports_from_env(env: Mapping[str, str] = os.environ) -> list[str]:
+    return [m.strip() for m in env.get(ENV_IMPORT, "").split(",") if m.strip()]
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerSettings:
+    """How a runner behaves; the defaults are what production wants."""
+
+    poll_interval: float = 1.0
+    """Fallback polling when no NOTIFY arrives (a lost notification costs at most this)."""
+    stage_interval: float = 0.5
+    """How often due scheduled/retryable jobs are made available (bounds their lateness)."""
+    shutdown_timeout: float = 15.0
+    heartbeat_interval: float = 30.0
+    prune_interval: float = 3600.0
+    prune_after: float = 14 * 86400.0
+    """Finished jobs older than this (seconds since finishing) move to the archive."""
+    archive_retention: float = 30 * 86400.0
+    """Archived jobs older than this are deleted."""
+    claim_batch: int = 100
+    """Upper bound on one claim, whatever the free capacity."""
+    sync_threads: int | None = None
+    """Thread pool size for sync workers; default: the sum of queue concurrencies."""
+
+    def __post_init__(self) -> None:
+        for name in ("poll_interval", "stage_interval", "shutdown_timeout", "heartbeat_interval",
+                     "prune_interval"):  # fmt: skip
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.claim_batch < 1:
+            raise ConfigurationError(f"claim_batch must be at least 1, got {self.claim_batch}")

@@ -1,0 +1,55 @@
+"""The running job's context, reachable from anywhere in a perform via `current_job()`."""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from shigoto.errors import Error, ValidationError
+
+
+@dataclass(slots=True)
+class JobContext:
+    """What a perform may know about its job, and the one thing it may change: progress."""
+
+    id: int
+    attempt: int
+    args: dict[str, Any]
+    worker: str
+    queue: str
+    max_attempts: int
+    tags: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    _progress_sink: Callable[[int], None] | None = field(default=None, repr=False)
+    progress: int | None = None
+
+    def report_progress(self, percent: float) -> None:
+        """Record progress (0-100) on the job row; written in the background, never blocking."""
+        if isinstance(percent, bool) or not isinstance(percent, int | float):
+            raise ValidationError("percent", f"must be a number from 0 to 100, got {percent!r}")
+        if not 0 <= percent <= 100:
+            raise ValidationError("percent", f"must be from 0 to 100, got {percent}")
+        self.progress = int(percent)
+        if self._progress_sink is not None:
+            self._progress_sink(self.progress)
+
+
+_current: contextvars.ContextVar[JobContext] = contextvars.ContextVar("shigoto_current_job")
+
+
+def current_job() -> JobContext:
+    """The job being performed in this task or thread."""
+    try:
+        return _current.get()
+    except LookupError:
+        raise Error("current_job() called outside a running job's perform") from None
+
+
+def set_current(ctx: JobContext) -> contextvars.Token[JobContext]:
+    return _current.set(ctx)
+
+
+def reset_current(token: contextvars.Token[JobContext]) -> None:
+    _current.reset(token)

@@ -1,0 +1,65 @@
+"""The job value object and its states. No I/O lives here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+
+class JobState(StrEnum):
+    SCHEDULED = "scheduled"
+    AVAILABLE = "available"
+    EXECUTING = "executing"
+    RETRYABLE = "retryable"
+    COMPLETED = "completed"
+    DISCARDED = "discarded"
+    CANCELLED = "cancelled"
+
+
+#: States a job never leaves on its own; pruning and archival consider only these.
+FINISHED_STATES = frozenset({JobState.COMPLETED, JobState.DISCARDED, JobState.CANCELLED})
+#: States a cancel applies to.
+CANCELLABLE_STATES = frozenset(
+    {JobState.SCHEDULED, JobState.AVAILABLE, JobState.RETRYABLE, JobState.EXECUTING}
+)
+
+#: Columns of shigoto_jobs in the order every statement returns them.
+JOB_COLUMNS = (
+    "id", "queue", "worker", "args", "state", "priority", "attempt", "max_attempts", "timeout",
+    "scheduled_at", "inserted_at", "attempted_at", "completed_at", "finished_at", "attempted_by",
+    "errors", "result", "tags", "meta", "progress",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A snapshot of one row of shigoto_jobs, as read at one moment."""
+
+    id: int
+    queue: str
+    worker: str
+    args: dict[str, Any]
+    state: JobState
+    priority: int = 0
+    attempt: int = 0
+    max_attempts: int | None = None
+    timeout: float | None = None
+    scheduled_at: datetime | None = None
+    inserted_at: datetime | None = None
+    attempted_at: datetime | None = None
+    completed_at: datetime | None = None
+    finished_at: datetime | None = None
+    attempted_by: str | None = None
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    result: Any = None
+    tags: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    progress: int | None = None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Job:
+        values = {name: row[name] for name in JOB_COLUMNS if name in row}
+        values["state"] = JobState(values["state"])
+        return cls(**values)

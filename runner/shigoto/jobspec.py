@@ -1,0 +1,202 @@
+"""Validation and normalisation of enqueue input. Pure: nothing here touches the database.
+
+Everything is checked before anything is written, so bad input never leaves half a batch behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from shigoto.config import MAX_QUEUE_NAME
+from shigoto.errors import ValidationError
+from shigoto.worker import DEFAULT_QUEUE, Worker
+
+MAX_WORKER_NAME = 255
+INT32 = (-(2**31), 2**31 - 1)
+
+#: Keys an enqueue_many entry (and enqueue's options) may carry.
+OPTION_NAMES = frozenset(
+    {"worker", "args", "queue", "priority", "max_attempts", "timeout", "scheduled_at",
+     "schedule_in", "tags", "meta"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A validated job, ready to insert. `args_json` and `meta_json` are already serialised."""
+
+    worker: str
+    args_json: str
+    queue: str = DEFAULT_QUEUE
+    priority: int = 0
+    max_attempts: int | None = None
+    timeout: float | None = None
+    scheduled_at: datetime | None = None
+    delay: float = 0.0
+    tags: list[str] = field(default_factory=list)
+    meta_json: str = "{}"
+
+    def as_params(self) -> dict[str, Any]:
+        return {
+            "worker": self.worker, "args": self.args_json, "queue": self.queue,
+            "priority": self.priority, "max_attempts": self.max_attempts,
+            "timeout": self.timeout, "scheduled_at": self.scheduled_at, "delay": self.delay,
+            "tags": self.tags, "meta": self.meta_json,
+        }  # fmt: skip
+
+
+def _json_object(field_name: str, value: Any) -> str:
+    if value is None:
+        return "{}"
+    if not isinstance(value, Mapping):
+        raise ValidationError(
+            field_name, f"must be a JSON object (a dict with string keys), got {type(value).__name__}"
+        )
+    if not all(isinstance(k, str) for k in value):
+        raise ValidationError(field_name, "keys must be strings so they survive JSON unchanged")
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(
+            field_name, f"does not serialise as JSON ({exc}); pass plain dicts, lists, str, "
+            "int, float, bool and None"
+        ) from None
+    if "\\u0000" in text:
+        raise ValidationError(field_name, "contains a NUL character, which PostgreSQL rejects")
+    return text
+
+
+def _worker_name(worker: Any) -> tuple[str, Worker | None]:
+    if isinstance(worker, Worker):
+        return worker.name, worker
+    if isinstance(worker, type) and issubclass(worker, Worker):
+        from shigoto.worker import lookup
+
+        return worker.name, lookup(worker.name)
+    if isinstance(worker, str):
+        if not worker.strip() or len(worker) > MAX_WORKER_NAME:
+            raise ValidationError(
+                "worker", f"must be a name of 1 to {MAX_WORKER_NAME} characters, got {worker!r}"
+            )
+        return worker, None
+    raise ValidationError(
+        "worker", f"must be a worker name (str) or a shigoto worker, got {type(worker).__name__}"
+    )
+
+
+def _queue(value: Any) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_QUEUE_NAME:
+        raise ValidationError(
+            "queue", f"must be a non-empty string of at most {MAX_QUEUE_NAME} characters, "
+            f"got {value!r}"
+        )
+    return value
+
+
+def _int32(field_name: str, value: Any, minimum: int = INT32[0]) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(field_name, f"must be a whole number, got {value!r}")
+    if not minimum <= value <= INT32[1]:
+        raise ValidationError(field_name, f"must be from {minimum} to {INT32[1]}, got {value}")
+    return value
+
+
+def _timeout(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValidationError("timeout", f"must be a positive number of seconds, got {value!r}")
+    if math.isinf(value):
+        raise ValidationError("timeout", "must be finite; leave it out for the worker's default")
+    return float(value)
+
+
+def _schedule(scheduled_at: Any, schedule_in: Any) -> tuple[datetime | None, float]:
+    if scheduled_at is not None and schedule_in is not None:
+        raise ValidationError("schedule_in", "give scheduled_at or schedule_in, not both")
+    if scheduled_at is not None:
+        if not isinstance(scheduled_at, datetime):
+            raise ValidationError("scheduled_at", f"must be a datetime, got {scheduled_at!r}")
+        if scheduled_at.tzinfo is None or scheduled_at.utcoffset() is None:
+            raise ValidationError(
+                "scheduled_at", "is a naive datetime; give it a time zone, e.g. "
+                "datetime.now(timezone.utc) + timedelta(minutes=5)"
+            )
+        return scheduled_at, 0.0
+    if schedule_in is None:
+        return None, 0.0
+    if isinstance(schedule_in, timedelta):
+        schedule_in = schedule_in.total_seconds()
+    if isinstance(schedule_in, bool) or not isinstance(schedule_in, int | float):
+        raise ValidationError("schedule_in", f"must be seconds or a timedelta, got {schedule_in!r}")
+    if not math.isfinite(schedule_in) or schedule_in < 0:
+        raise ValidationError("schedule_in", f"must be zero or more seconds, got {schedule_in}")
+    return None, float(schedule_in)
+
+
+def _tags(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
+        raise ValidationError("tags", f"must be a list of strings, got {value!r}")
+    tags = list(value)
+    for tag in tags:
+        if not isinstance(tag, str) or not tag:
+            raise ValidationError("tags", f"each tag must be a non-empty string, got {tag!r}")
+    return tags
+
+
+def build(worker: Any, args: Any = None, /, **options: Any) -> JobSpec:
+    """Validate one job. Options given explicitly win over the worker object's defaults."""
+    unknown = set(options) - (OPTION_NAMES - {"worker", "args"})
+    if unknown:
+        name = sorted(unknown)[0]
+        raise ValidationError(
+            name, f"is not an enqueue option; known options: {', '.join(sorted(OPTION_NAMES))}"
+        )
+    name, worker_obj = _worker_name(worker)
+    defaults = worker_obj.defaults() if worker_obj is not None else {}
+
+    def pick(key: str) -> Any:
+        value = options.get(key)
+        return value if value is not None else defaults.get(key)
+
+    max_attempts = pick("max_attempts")
+    scheduled_at, delay = _schedule(options.get("scheduled_at"), options.get("schedule_in"))
+    return JobSpec(
+        worker=name,
+        args_json=_json_object("args", args),
+        queue=_queue(pick("queue") if pick("queue") is not None else DEFAULT_QUEUE),
+        priority=_int32("priority", pick("priority") if pick("priority") is not None else 0),
+        max_attempts=None if max_attempts is None else _int32("max_attempts", max_attempts, 1),
+        timeout=_timeout(pick("timeout")),
+        scheduled_at=scheduled_at,
+        delay=delay,
+        tags=_tags(pick("tags")),
+        meta_json=_json_object("meta", options.get("meta")),
+    )
+
+
+def build_many(entries: Any) -> list[JobSpec]:
+    """Validate a batch; an error names the entry's index as well as the field."""
+    if isinstance(entries, Mapping) or isinstance(entries, str | bytes):
+        raise ValidationError("jobs", "must be a list of dicts, one per job")
+    specs = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, Mapping):
+            raise ValidationError(f"jobs[{index}]", f"must be a dict, got {type(entry).__name__}")
+        if "worker" not in entry:
+            raise ValidationError(f"jobs[{index}].worker", "is required")
+        options = {k: v for k, v in entry.items() if k not in ("worker", "args")}
+        try:
+            specs.append(build(entry["worker"], entry.get("args"), **options))
+        except ValidationError as exc:
+            raise ValidationError(f"jobs[{index}].{exc.field}", exc.message) from None
+    return specs

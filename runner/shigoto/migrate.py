@@ -1,0 +1,102 @@
+"""Versioned, forward-only SQL migrations, safe to run from many processes at once.
+
+Each file in `migrations/` is `NNNN_name.sql`. They run in order inside one transaction that
+holds an advisory lock keyed by schema, so ten pods migrating together end with one applied
+schema: the first applies, the rest wait, then find nothing left to do.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from shigoto import config
+from shigoto.errors import MigrationError
+
+_FILE_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def migrations_dir() -> Path:
+    """The packaged copy inside a wheel, else the repository's `migrations/` (editable)."""
+    packaged = Path(str(resources.files("shigoto"))) / "migrations"
+    if packaged.is_dir():
+        return packaged
+    checkout = Path(__file__).resolve().parents[2] / "migrations"
+    if checkout.is_dir():
+        return checkout
+    raise MigrationError(f"no migrations found in {packaged} or {checkout}: reinstall shigoto")
+
+
+def load_migrations(directory: Path | None = None) -> list[Migration]:
+    directory = directory or migrations_dir()
+    found = []
+    for path in sorted(directory.iterdir()):
+        match = _FILE_RE.match(path.name)
+        if match:
+            found.append(Migration(int(match[1]), match[2], path.read_text("utf-8")))
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise MigrationError(f"two migrations share a version in {directory}: {versions}")
+    return found
+
+
+def latest_version() -> int:
+    return max((m.version for m in load_migrations()), default=0)
+
+
+def _lock_key(schema: str) -> sql.Composable:
+    return sql.SQL("SELECT pg_advisory_xact_lock(hashtext({}))").format(
+        sql.Literal(f"shigoto.migrate.{schema}")
+    )
+
+
+def migrate(database_url: str | None = None, *, schema: str | None = None) -> list[int]:
+    """Apply every pending migration; return the versions applied by this call."""
+    url = config.database_url(database_url)
+    schema_name = config.schema(schema)
+    migrations = load_migrations()
+    with psycopg.connect(url) as conn, conn.transaction():
+        conn.execute(_lock_key(schema_name))
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema_name)))
+        conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema_name)))
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS shigoto_schema_migrations ("
+            " version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        done = {row[0] for row in conn.execute("SELECT version FROM shigoto_schema_migrations")}
+        applied = []
+        for migration in migrations:
+            if migration.version in done:
+                continue
+            conn.execute(migration.sql.encode())
+            conn.execute(
+                "INSERT INTO shigoto_schema_migrations (version, name) VALUES (%s, %s)",
+                (migration.version, migration.name),
+            )
+            applied.append(migration.version)
+    return applied
+
+
+async def current_version(conn: psycopg.AsyncConnection, schema: str) -> int:
+    """The newest applied version, 0 when the schema has never been migrated."""
+    table = sql.Identifier(schema, "shigoto_schema_migrations")
+    exists = await (
+        await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f'"{schema}".shigoto_schema_migrations',))
+    ).fetchone()
+    if not exists or not exists[0]:
+        return 0
+    row = await (await conn.execute(sql.SQL("SELECT max(version) FROM {}").format(table))).fetchone()
+    return int(row[0] or 0) if row else 0

@@ -1,0 +1,49 @@
+"""This runner's identity in the nodes table, kept fresh by a heartbeat."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+from collections.abc import Callable
+
+from psycopg_pool import AsyncConnectionPool
+
+from shigoto import _sql
+from shigoto._service import Service
+
+
+def new_node_id() -> str:
+    """Host, pid and a random suffix: unique even when a pod restarts with the same pid."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+class Heartbeat(Service):
+    name = "heartbeat"
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        stmts: _sql.Statements,
+        node: str,
+        queues: Callable[[], dict[str, int]],
+        interval: float,
+    ) -> None:
+        super().__init__(interval)
+        self.pool = pool
+        self.stmts = stmts
+        self.node = node
+        self.queues = queues
+
+    async def run_once(self) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                self.stmts.node_upsert,
+                {"id": self.node, "hostname": socket.gethostname(), "pid": os.getpid(),
+                 "queues": json.dumps(self.queues())},
+            )  # fmt: skip
+
+    async def unregister(self) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(self.stmts.node_delete, {"id": self.node})

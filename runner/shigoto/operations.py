@@ -1,0 +1,230 @@
+"""Operating a queue from code or the CLI: status, health, retry and cancel in bulk.
+
+Filters combine with AND; at least one is required for retry/cancel so a typo can never touch
+every job in the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from shigoto import _sql, config, database
+from shigoto.errors import ValidationError
+from shigoto.job import CANCELLABLE_STATES, FINISHED_STATES, JobState
+
+#: States `retry_by` acts on: anything not already waiting to run or running.
+RETRYABLE_FROM = frozenset({JobState.RETRYABLE, JobState.SCHEDULED, *FINISHED_STATES})
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    ids: list[int] = field(default_factory=list)
+    queue: str | None = None
+    worker: str | None = None
+    tag: str | None = None
+    state: JobState | None = None
+
+    def is_empty(self) -> bool:
+        return not (self.ids or self.queue or self.worker or self.tag or self.state)
+
+    def where(self) -> tuple[sql.Composable, dict[str, Any]]:
+        parts: list[sql.Composable] = []
+        params: dict[str, Any] = {}
+        if self.ids:
+            parts.append(sql.SQL("id = ANY(%(ids)s)"))
+            params["ids"] = list(self.ids)
+        if self.queue:
+            parts.append(sql.SQL("queue = %(queue)s"))
+            params["queue"] = self.queue
+        if self.worker:
+            parts.append(sql.SQL("worker = %(worker)s"))
+            params["worker"] = self.worker
+        if self.tag:
+            parts.append(sql.SQL("tags @> ARRAY[%(tag)s]::text[]"))
+            params["tag"] = self.tag
+        if self.state:
+            parts.append(sql.SQL("state = %(state)s"))
+            params["state"] = str(self.state)
+        return sql.SQL(" AND ").join(parts), params
+
+
+def _filter(
+    ids: Iterable[int] | None, queue: str | None, worker: str | None, tag: str | None,
+    state: str | None,
+) -> Filter:  # fmt: skip
+    try:
+        parsed_state = JobState(state) if state else None
+    except ValueError:
+        raise ValidationError(
+            "state", f"{state!r} is not a job state; use one of {', '.join(JobState)}"
+        ) from None
+    f = Filter(ids=list(ids or []), queue=queue, worker=worker, tag=tag, state=parsed_state)
+    if f.is_empty():
+        raise ValidationError(
+            "filter", "give at least one of ids, queue, worker, tag, state (to act on all jobs "
+            "of a state, pass state= explicitly)"
+        )
+    return f
+
+
+def retry_by(
+    *,
+    ids: Iterable[int] | None = None,
+    queue: str | None = None,
+    worker: str | None = None,
+    tag: str | None = None,
+    state: str | None = None,
+    database_url: str | None = None,
+    schema: str | None = None,
+) -> list[int]:
+    """Make matching jobs available now (retryable, scheduled or finished ones); returns ids.
+
+    A job whose attempts are used up gets one more: it runs once and, failing again, is
+    discarded again.
+    """
+    f = _filter(ids, queue, worker, tag, state)
+    stmts = _sql.statements(config.schema(schema))
+    where, params = f.where()
+    query = sql.SQL(
+        "UPDATE {jobs} SET state = 'available', scheduled_at = now(), finished_at = NULL,"
+        " completed_at = NULL,"
+        " max_attempts = CASE WHEN max_attempts IS NOT NULL AND attempt >= max_attempts"
+        "                     THEN attempt + 1 ELSE max_attempts END"
+        " WHERE state = ANY(%(from)s) AND {where}"
+        " RETURNING id, queue"
+    ).format(jobs=stmts.jobs_table, where=where)
+    params["from"] = sorted(RETRYABLE_FROM)
+    with database.sync_pool(config.database_url(database_url)).connection() as conn:
+        with conn.transaction():
+            rows = conn.execute(query, params).fetchall()
+            queues = sorted({r[1] for r in rows})
+            if queues:
+                conn.execute(stmts.notify_queues, {"queues": queues})
+    return sorted(r[0] for r in rows)
+
+
+def cancel_by(
+    *,
+    ids: Iterable[int] | None = None,
+    queue: str | None = None,
+    worker: str | None = None,
+    tag: str | None = None,
+    state: str | None = None,
+    reason: str = "cancelled by operator",
+    database_url: str | None = None,
+    schema: str | None = None,
+) -> list[int]:
+    """Cancel matching unfinished jobs; executing ones are also stopped on their runner."""
+    f = _filter(ids, queue, worker, tag, state)
+    schema_name = config.schema(schema)
+    stmts = _sql.statements(schema_name)
+    where, params = f.where()
+    query = sql.SQL(
+        "UPDATE {jobs} SET state = 'cancelled', finished_at = now(),"
+        " errors = errors || jsonb_build_array(jsonb_build_object("
+        "   'attempt', attempt, 'at', now(), 'error', %(reason)s, 'traceback', ''))"
+        " WHERE state = ANY(%(from)s) AND {where}"
+        " RETURNING id"
+    ).format(jobs=stmts.jobs_table, where=where)
+    params["from"] = sorted(CANCELLABLE_STATES)
+    params["reason"] = f"Cancelled: {reason}"
+    with database.sync_pool(config.database_url(database_url)).connection() as conn:
+        with conn.transaction():
+            ids_done = sorted(r[0] for r in conn.execute(query, params).fetchall())
+            if ids_done:
+                # Runners executing any of these stop the perform; others ignore the notice.
+                conn.execute(
+                    "SELECT pg_notify(%s, %s || '.' || i) FROM unnest(%s::bigint[]) AS i",
+                    (_sql.CANCEL_CHANNEL, schema_name, ids_done),
+                )
+    return ids_done
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    counts: dict[str, dict[str, int]]
+    oldest_available_age: dict[str, float]
+    nodes: list[dict[str, Any]]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "queues": {
+                q: {"counts": self.counts[q], "oldest_available_age": self.oldest_available_age.get(q)}
+                for q in sorted(self.counts)
+            },
+            "nodes": self.nodes,
+        }
+
+
+def _status(conn: psycopg.Connection[Any], stmts: _sql.Statements) -> Status:
+    counts: dict[str, dict[str, int]] = {}
+    for queue, state, count in conn.execute(stmts.counts).fetchall():
+        counts.setdefault(queue, {s.value: 0 for s in JobState})[state] = int(count)
+    ages = {q: float(a) for q, a in conn.execute(stmts.oldest_available).fetchall()}
+    nodes = []
+    for row in conn.execute(stmts.nodes).fetchall():
+        node_id, host, pid, queues, started, seen, silent = row
+        nodes.append({
+            "id": node_id, "hostname": host, "pid": pid, "queues": queues,
+            "started_at": started.isoformat(), "last_seen_at": seen.isoformat(),
+            "silent_for": round(float(silent), 3),
+        })  # fmt: skip
+    return Status(counts, ages, nodes)
+
+
+def status(*, database_url: str | None = None, schema: str | None = None) -> Status:
+    """Counts by queue and state, age of the oldest available job per queue, live nodes."""
+    stmts = _sql.statements(config.schema(schema))
+    with database.sync_pool(config.database_url(database_url)).connection() as conn:
+        return _status(conn, stmts)
+
+
+#: A node that has not heartbeat for this long (seconds) counts as gone when judging stale jobs.
+DEFAULT_STALE_AFTER = 90.0
+#: A queue whose oldest available job waited longer than this (seconds) is reported degraded.
+DEFAULT_BACKLOG_WARNING = 300.0
+
+
+def health(
+    *,
+    database_url: str | None = None,
+    schema: str | None = None,
+    stale_after: float = DEFAULT_STALE_AFTER,
+    backlog_warning: float = DEFAULT_BACKLOG_WARNING,
+) -> dict[str, Any]:
+    """A health report: database pool, job counts, stale executing jobs, per-queue health."""
+    stmts = _sql.statements(config.schema(schema))
+    pool = database.sync_pool(config.database_url(database_url))
+    try:
+        with pool.connection() as conn:
+            st = _status(conn, stmts)
+            stale = conn.execute(stmts.stale_executing, {"stale_after": stale_after}).fetchall()
+    except psycopg.Error as exc:
+        return {"status": "unhealthy", "database": {"reachable": False, "error": str(exc)}}
+    queues = {}
+    for queue, counts in st.counts.items():
+        age = st.oldest_available_age.get(queue)
+        queues[queue] = {
+            "status": "degraded" if age is not None and age > backlog_warning else "ok",
+            "counts": counts,
+            "oldest_available_age": age,
+        }
+    stats = pool.get_stats()
+    stale_jobs = [
+        {"id": r[0], "queue": r[1], "worker": r[2], "node": r[3], "attempted_at": r[4].isoformat()}
+        for r in stale
+    ]
+    degraded = stale_jobs or any(q["status"] != "ok" for q in queues.values())
+    return {
+        "status": "degraded" if degraded else "ok",
+        "database": {"reachable": True},
+        "pool": {k: stats.get(k) for k in ("pool_size", "pool_available", "requests_waiting")},
+        "queues": queues,
+        "stale_jobs": stale_jobs,
+        "nodes": st.nodes,
+    }

@@ -1,0 +1,126 @@
+"""One claim loop per queue: keeps its queue's slots filled, claiming in batches.
+
+The producer wakes when a NOTIFY names its queue, when a slot frees up after a full claim
+(more work is likely waiting), or after `poll_interval` as a fallback. Each claim asks for as
+many jobs as there are free slots, so one round trip fills many slots under load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from shigoto import telemetry
+from shigoto.job import Job
+
+log = logging.getLogger("shigoto.producer")
+
+CLAIM_RETRY_MAX = 30.0
+
+ClaimFn = Callable[[str, int], Awaitable[list[Job]]]
+ExecuteFn = Callable[[Job], Awaitable[None]]
+
+
+class Producer:
+    def __init__(
+        self,
+        queue: str,
+        concurrency: int,
+        *,
+        claim: ClaimFn,
+        execute: ExecuteFn,
+        poll_interval: float,
+        claim_batch: int,
+        node: str,
+    ) -> None:
+        self.queue = queue
+        self.concurrency = concurrency
+        self._claim = claim
+        self._execute = execute
+        self.poll_interval = poll_interval
+        self.claim_batch = claim_batch
+        self.node = node
+        self.running: dict[int, tuple[Job, asyncio.Task[None]]] = {}
+        self._wake = asyncio.Event()
+        self._claiming = True
+        self._more_waiting = False
+        self._drained = asyncio.Event()
+        self._drained.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    @property
+    def free(self) -> int:
+        return max(self.concurrency - len(self.running), 0)
+
+    def stop_claiming(self) -> None:
+        self._claiming = False
+        self._wake.set()
+
+    async def run(self) -> None:
+        retry = 0.5
+        while self._claiming:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            if not self._claiming or self.free == 0:
+                continue
+            try:
+                jobs = await self._claim_batch()
+            except Exception as exc:
+                log.warning(
+                    "claim on queue %s failed, retrying in %.1fs: %s", self.queue, retry, exc,
+                    extra={"queue": self.queue, "node": self.node},
+                )  # fmt: skip
+                await asyncio.sleep(retry)
+                retry = min(retry * 2, CLAIM_RETRY_MAX)
+                self._wake.set()
+                continue
+            retry = 0.5
+            for job in jobs:
+                self._start(job)
+
+    async def _claim_batch(self) -> list[Job]:
+        wanted = min(self.free, self.claim_batch)
+        started = time.monotonic()
+        jobs = await self._claim(self.queue, wanted)
+        telemetry.emit(
+            "producer.claim",
+            {"duration": time.monotonic() - started, "count": len(jobs), "requested": wanted},
+            {"queue": self.queue, "node": self.node},
+        )
+        # A full claim means the queue probably holds more: claim again as soon as a slot frees.
+        self._more_waiting = len(jobs) == wanted
+        return jobs
+
+    def _start(self, job: Job) -> None:
+        task = asyncio.create_task(self._execute(job), name=f"shigoto-job-{job.id}")
+        self.running[job.id] = (job, task)
+        self._drained.clear()
+        task.add_done_callback(lambda _t, job_id=job.id: self._finished(job_id))
+
+    def _finished(self, job_id: int) -> None:
+        self.running.pop(job_id, None)
+        if not self.running:
+            self._drained.set()
+        if self._more_waiting:
+            self._wake.set()
+
+    def cancel_job(self, job_id: int) -> bool:
+        """Cancel the task running `job_id` (its row was already cancelled in the database)."""
+        entry = self.running.get(job_id)
+        if entry is None:
+            return False
+        entry[1].cancel()
+        return True
+
+    async def wait_drained(self, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self._drained.wait(), timeout)
+        except TimeoutError:
+            pass

@@ -1,0 +1,286 @@
+"""The composition root: wires producers, executor, completer, notifier and services.
+
+Shutdown has two phases: stop claiming and let in-flight jobs finish within `shutdown_timeout`;
+then cancel what is left and hand those jobs back as available without consuming an attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from shigoto import _sql, config
+from shigoto.completer import Completer
+from shigoto.errors import ConfigurationError, MigrationError
+from shigoto.executor import JobExecutor
+from shigoto.job import Job
+from shigoto.migrate import current_version, latest_version, migrate
+from shigoto.node import Heartbeat, new_node_id
+from shigoto.notifier import Notifier
+from shigoto.producer import Producer
+from shigoto.pruner import Pruner
+from shigoto.stager import Stager
+from shigoto.worker import lookup
+
+log = logging.getLogger("shigoto.runner")
+
+
+class Runner:
+    """Claims and executes jobs of the given queues until `stop()`.
+
+    `queues` maps queue name to this process's concurrency for it; default SHIGOTO_QUEUES or
+    `default=10`. Extra keyword arguments override `RunnerSettings` fields.
+    """
+
+    def __init__(
+        self,
+        queues: Mapping[str, int] | None = None,
+        *,
+        database_url: str | None = None,
+        schema: str | None = None,
+        imports: Iterable[str] | None = None,
+        settings: config.RunnerSettings | None = None,
+        node_id: str | None = None,
+        auto_migrate: bool = True,
+        **overrides: Any,
+    ) -> None:
+        self.url = config.database_url(database_url)
+        self.schema = config.schema(schema)
+        self.queues = dict(queues) if queues is not None else config.queues_from_env()
+        for name, concurrency in self.queues.items():
+            config.parse_queues(f"{name}={concurrency}")  # same validation as the CLI
+        self.imports = list(imports) if imports is not None else config.imports_from_env()
+        self.settings = replace(settings or config.RunnerSettings(), **overrides)
+        self.node = node_id or new_node_id()
+        self.auto_migrate = auto_migrate
+        self.stmts = _sql.statements(self.schema)
+        self.ready = asyncio.Event()
+        self.producers: dict[str, Producer] = {}
+        self._stop = asyncio.Event()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._producer_tasks: dict[str, asyncio.Task[None]] = {}
+        self._pool: AsyncConnectionPool | None = None
+        self._threads: ThreadPoolExecutor | None = None
+        self._completer: Completer | None = None
+        self._executor: JobExecutor | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run until `stop()`; returns after the graceful shutdown has finished."""
+        for module in self.imports:
+            importlib.import_module(module)
+        if self.auto_migrate:
+            await asyncio.to_thread(migrate, self.url, schema=self.schema)
+        pool = AsyncConnectionPool(
+            self.url, min_size=2, max_size=len(self.queues) + 6, open=False,
+            kwargs={"autocommit": True}, name=f"shigoto-runner-{self.node}",
+        )  # fmt: skip
+        await pool.open(wait=True, timeout=30)
+        self._pool = pool
+        try:
+            await self._check_schema(pool)
+            await self._serve(pool)
+        finally:
+            await pool.close()
+            if self._threads is not None:
+                self._threads.shutdown(wait=False, cancel_futures=True)
+            self.ready.clear()
+
+    async def _check_schema(self, pool: AsyncConnectionPool) -> None:
+        async with pool.connection() as conn:
+            have = await current_version(conn, self.schema)
+        want = latest_version()
+        if have < want:
+            raise MigrationError(
+                f"schema {self.schema!r} is at version {have}, this runner needs {want}: "
+                "run `shigoto migrate` (or start the runner with auto-migration)"
+            )
+
+    async def _serve(self, pool: AsyncConnectionPool) -> None:
+        s = self.settings
+        threads = s.sync_threads or max(sum(self.queues.values()), 4)
+        self._threads = ThreadPoolExecutor(threads, thread_name_prefix="shigoto-worker")
+        self._completer = Completer(pool, self.stmts, self.node)
+        self._executor = JobExecutor(
+            node=self.node, resolve=lookup, threads=self._threads, progress=self._report_progress
+        )
+        heartbeat = Heartbeat(pool, self.stmts, self.node, lambda: dict(self.queues),
+                              s.heartbeat_interval)  # fmt: skip
+        await heartbeat.run_once()
+        notifier = Notifier(self.url, [_sql.INSERT_CHANNEL, _sql.CANCEL_CHANNEL], self._dispatch)
+        services = {
+            "stager": Stager(pool, self.stmts, self.node, s.stage_interval),
+            "pruner": Pruner(pool, self.stmts, self.node, interval=s.prune_interval,
+                             prune_after=s.prune_after, archive_retention=s.archive_retention),
+            "heartbeat": heartbeat,
+        }  # fmt: skip
+        self._tasks["completer"] = asyncio.create_task(self._completer.run())
+        self._tasks["notifier"] = asyncio.create_task(notifier.run())
+        for name, service in services.items():
+            self._tasks[name] = asyncio.create_task(service.run())
+        for queue, concurrency in self.queues.items():
+            self._start_producer(queue, concurrency)
+        try:
+            await asyncio.wait_for(notifier.connected.wait(), 10)
+        except TimeoutError:
+            log.warning("LISTEN connection not up after 10 s; relying on polling until it is")
+        log.info("runner %s started", self.node,
+                 extra={"node": self.node, "queues": dict(self.queues)})  # fmt: skip
+        self.ready.set()
+        await self._stop.wait()
+        await self._shutdown(services, notifier, heartbeat)
+
+    async def _shutdown(
+        self, services: dict[str, Any], notifier: Notifier, heartbeat: Heartbeat
+    ) -> None:
+        log.info("runner %s stopping: no new claims, waiting up to %.0fs for %d jobs",
+                 self.node, self.settings.shutdown_timeout, self.executing_count)  # fmt: skip
+        for service in services.values():
+            service.stop()
+        producers = list(self.producers.values())
+        for producer in producers:
+            producer.stop_claiming()
+        await self._drain_producers(producers, self.settings.shutdown_timeout)
+        assert self._completer is not None
+        if not await self._completer.drain(timeout=10):
+            log.error("%d completions could not be recorded before exit; those jobs stay "
+                      "executing until rescued", self._completer.backlog)  # fmt: skip
+        await notifier.stop()
+        try:
+            await heartbeat.unregister()
+        except Exception as exc:
+            log.warning("could not unregister node %s: %s", self.node, exc)
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        self._tasks.clear()
+        log.info("runner %s stopped", self.node)
+
+    async def _drain_producers(self, producers: list[Producer], timeout: float) -> None:
+        """Wait for in-flight jobs, then cancel the rest and put them back."""
+        await asyncio.gather(*(p.wait_drained(timeout) for p in producers))
+        leftover = [(job, task) for p in producers for job, task in p.running.values()]
+        for _, task in leftover:
+            task.cancel()
+        await asyncio.gather(*(task for _, task in leftover), return_exceptions=True)
+        for p in producers:
+            task = self._producer_tasks.pop(p.queue, None)
+            if task is not None:
+                task.cancel()
+        if leftover:
+            await self._put_back([job.id for job, _ in leftover])
+
+    async def _put_back(self, ids: list[int]) -> None:
+        assert self._pool is not None
+        for attempt in range(5):
+            try:
+                async with self._pool.connection() as conn:
+                    cur = await conn.execute(self.stmts.put_back, {"ids": ids, "node": self.node})
+                    back = await cur.fetchall()
+                log.info("put back %d unfinished jobs as available", len(back),
+                         extra={"node": self.node, "job_ids": [r[0] for r in back]})  # fmt: skip
+                return
+            except Exception as exc:
+                log.warning("put-back failed (try %d): %s", attempt + 1, exc)
+                await asyncio.sleep(0.5 * (attempt + 1))
+        log.error("could not put back jobs %s; they stay executing until rescued", ids)
+
+    async def stop(self) -> None:
+        """Ask the runner to shut down gracefully; `run()` returns when it is done."""
+        self._stop.set()
+
+    # -- queues ---------------------------------------------------------------------------
+
+    def add_queue(self, queue: str, concurrency: int) -> None:
+        """Start serving `queue` on a running runner (or before it starts)."""
+        config.parse_queues(f"{queue}={concurrency}")
+        if queue in self.producers:
+            raise ConfigurationError(f"queue {queue!r} is already served by this runner")
+        self.queues[queue] = concurrency
+        if self.ready.is_set():
+            self._start_producer(queue, concurrency)
+
+    async def remove_queue(self, queue: str) -> None:
+        """Stop serving `queue`: its in-flight jobs finish (or are put back at the timeout)."""
+        self.queues.pop(queue, None)
+        producer = self.producers.pop(queue, None)
+        if producer is None:
+            return
+        producer.stop_claiming()
+        await self._drain_producers([producer], self.settings.shutdown_timeout)
+
+    def _start_producer(self, queue: str, concurrency: int) -> None:
+        producer = Producer(
+            queue, concurrency, claim=self._claim, execute=self._execute,
+            poll_interval=self.settings.poll_interval, claim_batch=self.settings.claim_batch,
+            node=self.node,
+        )  # fmt: skip
+        self.producers[queue] = producer
+        self._producer_tasks[queue] = asyncio.create_task(producer.run(), name=f"producer-{queue}")
+        producer.wake()
+
+    # -- the job path ---------------------------------------------------------------------
+
+    async def _claim(self, queue: str, limit: int) -> list[Job]:
+        assert self._pool is not None
+        async with self._pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(self.stmts.claim, {"queue": queue, "limit": limit, "node": self.node})
+            rows = await cur.fetchall()
+        jobs = [Job.from_row(r) for r in rows]
+        jobs.sort(key=lambda j: (-j.priority, j.scheduled_at, j.id))
+        return jobs
+
+    async def _execute(self, job: Job) -> None:
+        assert self._executor is not None and self._completer is not None
+        completion = await self._executor.execute(job)
+        self._completer.submit(completion)
+
+    def _report_progress(self, job: Job, percent: int) -> None:
+        task = asyncio.create_task(self._write_progress(job, percent))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _write_progress(self, job: Job, percent: int) -> None:
+        assert self._pool is not None
+        try:
+            async with self._pool.connection() as conn:
+                await conn.execute(
+                    self.stmts.progress, {"id": job.id, "attempt": job.attempt, "progress": percent}
+                )
+        except Exception as exc:
+            log.warning("could not record progress of job %s: %s", job.id, exc)
+
+    def _dispatch(self, channel: str, payload: str) -> None:
+        schema, _, rest = payload.partition(".")
+        if channel == "" or (channel == _sql.INSERT_CHANNEL and not payload):
+            for producer in self.producers.values():
+                producer.wake()
+        elif schema != self.schema:
+            return
+        elif channel == _sql.INSERT_CHANNEL:
+            producer = self.producers.get(rest)
+            if producer is not None:
+                producer.wake()
+        elif channel == _sql.CANCEL_CHANNEL:
+            try:
+                job_id = int(rest)
+            except ValueError:
+                return
+            for producer in self.producers.values():
+                if producer.cancel_job(job_id):
+                    log.info("cancelled executing job %s on request", job_id)
+
+    @property
+    def executing_count(self) -> int:
+        return sum(len(p.running) for p in self.producers.values())

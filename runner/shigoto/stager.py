@@ -1,0 +1,41 @@
+"""Makes scheduled and retryable jobs available when their time comes.
+
+Runs every `stage_interval` (default 0.5 s), so a due job is at most that late. The NOTIFY sent
+for each staged queue wakes runners everywhere, this one included.
+"""
+
+from __future__ import annotations
+
+import time
+
+from psycopg_pool import AsyncConnectionPool
+
+from shigoto import _sql, telemetry
+from shigoto._service import Service
+
+STAGE_LIMIT = 10_000
+
+
+class Stager(Service):
+    name = "stager"
+
+    def __init__(
+        self, pool: AsyncConnectionPool, stmts: _sql.Statements, node: str, interval: float
+    ) -> None:
+        super().__init__(interval)
+        self.pool = pool
+        self.stmts = stmts
+        self.node = node
+
+    async def run_once(self) -> dict[str, int]:
+        started = time.monotonic()
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self.stmts.stage, {"limit": STAGE_LIMIT})
+            staged = {row[0]: int(row[1]) for row in await cur.fetchall()}
+        if staged:
+            telemetry.emit(
+                "stager.stage",
+                {"duration": time.monotonic() - started, "count": sum(staged.values())},
+                {"queues": sorted(staged), "node": self.node},
+            )
+        return staged

@@ -1,0 +1,41 @@
+"""Terminal rendering of `shigoto status` with rich."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from shigoto.job import JobState
+from shigoto.operations import Status
+
+
+def status_table(st: Status) -> Table:
+    table = Table(title="queues")
+    table.add_column("queue")
+    for state in JobState:
+        table.add_column(state.value, justify="right")
+    table.add_column("oldest available", justify="right")
+    for queue in sorted(st.counts):
+        age = st.oldest_available_age.get(queue)
+        table.add_row(
+            queue,
+            *(str(st.counts[queue].get(s.value, 0)) for s in JobState),
+            f"{age:.1f}s" if age is not None else "-",
+        )
+    return table
+
+
+def nodes_table(st: Status) -> Table:
+    table = Table(title="nodes")
+    for name in ("node", "queues", "started", "last seen"):
+        table.add_column(name)
+    for node in st.nodes:
+        queues = ", ".join(f"{q}={c}" for q, c in node["queues"].items())
+        table.add_row(node["id"], queues, node["started_at"], f"{node['silent_for']:.0f}s ago")
+    return table
+
+
+def render_status(st: Status, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(status_table(st))
+    console.print(nodes_table(st))

@@ -1,0 +1,67 @@
+"""Named events that subscribers (plain callables) receive, and the table that fixes them.
+
+A subscriber is called as `handler(event, measurements, metadata)` in the emitting thread. A
+subscriber that raises is logged and skipped: telemetry must never break job processing.
+
+| event           | measurements                     | metadata                                 |
+|-----------------|----------------------------------|------------------------------------------|
+| job.start       | system_time                      | job, node                                |
+| job.stop        | duration, queue_time             | job, node, result                        |
+| job.exception   | duration, queue_time             | job, node, error, kind ("failure", "timeout") |
+| job.discard     | duration                         | job, node, error                         |
+| job.snooze      | duration, snooze                 | job, node                                |
+| job.cancel      | duration                         | job, node, reason                        |
+| producer.claim  | duration, count, requested       | queue, node                              |
+| stager.stage    | duration, count                  | queues, node                             |
+| pruner.prune    | duration, archived, deleted      | node                                     |
+| completer.flush | duration, count, acknowledged    | node                                     |
+| completer.error | attempt                          | node, error                              |
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+log = logging.getLogger("shigoto.telemetry")
+
+EVENTS = frozenset({
+    "job.start", "job.stop", "job.exception", "job.discard", "job.snooze", "job.cancel",
+    "producer.claim", "stager.stage", "pruner.prune", "completer.flush", "completer.error",
+})  # fmt: skip
+
+Handler = Callable[[str, dict[str, Any], dict[str, Any]], Any]
+
+_lock = threading.Lock()
+_handlers: dict[int, tuple[Handler, frozenset[str]]] = {}
+_next_id = 0
+
+
+def attach(handler: Handler, events: Iterable[str] | None = None) -> int:
+    """Subscribe `handler` to `events` (default: all); returns a handle for `detach`."""
+    global _next_id
+    wanted = frozenset(events) if events is not None else EVENTS
+    unknown = wanted - EVENTS
+    if unknown:
+        raise ValueError(f"unknown telemetry events {sorted(unknown)}; known: {sorted(EVENTS)}")
+    with _lock:
+        _next_id += 1
+        _handlers[_next_id] = (handler, wanted)
+        return _next_id
+
+
+def detach(handle: int) -> None:
+    with _lock:
+        _handlers.pop(handle, None)
+
+
+def emit(event: str, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+    for handler, wanted in list(_handlers.values()):
+        if event not in wanted:
+            continue
+        try:
+            handler(event, measurements, metadata)
+        except Exception:
+            log.exception("telemetry handler %r failed on %s; ignored", handler, event)

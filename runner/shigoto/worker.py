@@ -1,0 +1,234 @@
+"""Defining workers: the `@worker` decorator, the `Worker` base class, and the registry.
+
+Both forms end up as a `Worker` instance in the registry under their name, so the runner treats
+them alike. Services enqueue by name and never need to import worker code.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, ClassVar, overload
+
+from shigoto.backoff import default_backoff
+from shigoto.errors import UnknownWorkerError, ValidationError
+
+log = logging.getLogger("shigoto.worker")
+
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_TIMEOUT = 300.0
+DEFAULT_QUEUE = "default"
+
+_registry: dict[str, Worker] = {}
+_registry_lock = threading.Lock()
+
+
+def _validate_defaults(name: str, max_attempts: int | None, timeout: float | None) -> None:
+    if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
+        raise ValidationError("max_attempts", f"worker {name} needs max_attempts >= 1")
+    if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
+        raise ValidationError("timeout", f"worker {name} needs a positive timeout in seconds")
+
+
+
+class Worker:
+    """Base for class workers: override `perform(self, args)` and any callback.
+
+    Subclasses register themselves under `name` (default `module.qualname`) when defined.
+    """
+
+    name: ClassVar[str] = ""
+    queue: ClassVar[str | None] = None
+    priority: ClassVar[int | None] = None
+    max_attempts: ClassVar[int | None] = None
+    timeout: ClassVar[float | None] = None
+    tags: ClassVar[list[str] | None] = None
+
+    def __init_subclass__(cls, template: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if template:
+            return  # a base for other workers (FunctionWorker), not a worker itself
+        if "name" not in cls.__dict__ or not cls.__dict__["name"]:
+            cls.name = f"{cls.__module__}.{cls.__qualname__}"
+        _validate_defaults(cls.name, cls.max_attempts, cls.timeout)
+        if not inspect.isabstract(cls) and cls.perform is not Worker.perform:
+            register(cls())
+
+    def perform(self, args: dict[str, Any]) -> Any:
+        raise NotImplementedError(f"{type(self).__name__}.perform is not implemented")
+
+    def backoff(self, attempt: int, error: BaseException) -> float:
+        """Seconds to wait before the next attempt after `attempt` failed with `error`."""
+        return default_backoff(attempt)
+
+    def on_discard(self, args: dict[str, Any], errors: list[dict[str, Any]]) -> None:
+        """Called once when the job is discarded for good, with every recorded error."""
+
+    # -- what the runner needs; subclasses rarely override these --------------------------
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.perform)
+
+    @property
+    def on_discard_is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.on_discard)
+
+    def call(self, args: dict[str, Any]) -> Any:
+        """Invoke the perform in this worker's calling convention."""
+        return self.perform(args)
+
+    def resolved_max_attempts(self) -> int:
+        return self.max_attempts or DEFAULT_MAX_ATTEMPTS
+
+    def resolved_timeout(self) -> float:
+        return self.timeout or DEFAULT_TIMEOUT
+
+    def defaults(self) -> dict[str, Any]:
+        """The enqueue defaults this worker supplies when enqueued as an object."""
+        return {
+            "queue": self.queue,
+            "priority": self.priority,
+            "max_attempts": self.max_attempts,
+            "timeout": self.timeout,
+            "tags": list(self.tags) if self.tags is not None else None,
+        }
+
+    @classmethod
+    def enqueue(cls, args: dict[str, Any] | None = None, **options: Any) -> Any:
+        """Enqueue a job for this worker with its defaults; options as `shigoto.enqueue`."""
+        from shigoto.client import enqueue
+
+        return enqueue(lookup(cls.name), args, **options)
+
+
+class FunctionWorker(Worker, template=True):
+    """A plain function (sync or async) promoted to a worker; called with args as kwargs."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        tags: list[str] | None = None,
+        backoff: Callable[[int, BaseException], float] | None = None,
+        on_discard: Callable[[dict[str, Any], list[dict[str, Any]]], Any] | None = None,
+    ) -> None:
+        self.fn = fn
+        self.name = name or f"{fn.__module__}.{fn.__qualname__}"  # type: ignore[misc]
+        _validate_defaults(self.name, max_attempts, timeout)
+        self.queue = queue  # type: ignore[misc]
+        self.priority = priority  # type: ignore[misc]
+        self.max_attempts = max_attempts  # type: ignore[misc]
+        self.timeout = timeout  # type: ignore[misc]
+        self.tags = tags  # type: ignore[misc]
+        self._backoff = backoff
+        self._on_discard = on_discard
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+    @property
+    def on_discard_is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self._on_discard)
+
+    def call(self, args: dict[str, Any]) -> Any:
+        return self.fn(**args)
+
+    def perform(self, args: dict[str, Any]) -> Any:
+        return self.fn(**args)
+
+    def backoff(self, attempt: int, error: BaseException) -> float:
+        if self._backoff is not None:
+            return self._backoff(attempt, error)
+        return default_backoff(attempt)
+
+    def on_discard(self, args: dict[str, Any], errors: list[dict[str, Any]]) -> Any:
+        if self._on_discard is not None:
+            return self._on_discard(args, errors)
+        return None
+
+    def enqueue(self, **args: Any) -> Any:  # type: ignore[override]
+        """Enqueue with the function's keyword arguments as the job's args."""
+        from shigoto.client import enqueue
+
+        return enqueue(self, args)
+
+    async def aenqueue(self, **args: Any) -> Any:
+        from shigoto.client import aenqueue
+
+        return await aenqueue(self, args)
+
+    def __repr__(self) -> str:
+        return f"<shigoto worker {self.name}>"
+
+
+@overload
+def worker(fn: Callable[..., Any], /) -> FunctionWorker: ...
+@overload
+def worker(
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    timeout: float | None = None,
+    tags: list[str] | None = None,
+    backoff: Callable[[int, BaseException], float] | None = None,
+    on_discard: Callable[[dict[str, Any], list[dict[str, Any]]], Any] | None = None,
+) -> Callable[[Callable[..., Any]], FunctionWorker]: ...
+
+
+def worker(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+    """Turn a function into a registered worker: `@shigoto.worker` or `@shigoto.worker(...)`."""
+
+    def wrap(f: Callable[..., Any]) -> FunctionWorker:
+        w = FunctionWorker(f, **options)
+        register(w)
+        return w
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def register(w: Worker) -> None:
+    with _registry_lock:
+        previous = _registry.get(w.name)
+        if previous is not None and previous is not w:
+            log.debug("worker %s registered again; the newest definition wins", w.name)
+        _registry[w.name] = w
+
+
+def lookup(name: str) -> Worker:
+    """The registered worker called `name`, importing its module by dotted path if needed."""
+    found = _registry.get(name)
+    if found is not None:
+        return found
+    module_name, _, _ = name.rpartition(".")
+    while module_name:
+        try:
+            importlib.import_module(module_name)
+        except ImportError:
+            module_name, _, _ = module_name.rpartition(".")
+            continue
+        break
+    found = _registry.get(name)
+    if found is None:
+        raise UnknownWorkerError(name)
+    return found
+
+
+def registered() -> dict[str, Worker]:
+    return dict(_registry)

@@ -1,21 +1,25 @@
 """The base every periodic background component shares: tick, do `run_once`, survive errors.
 
 A failing tick is logged and retried on the next one; a database outage must never kill the
-stager, the pruner or the heartbeat for good.
+stager, the pruner or the heartbeat for good. A leader-only service is given `is_leader` and
+asks it before every tick: leadership can move between two ticks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 
 class Service:
     name = "service"
 
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, is_leader: Callable[[], bool] | None = None) -> None:
         self.interval = interval
+        self.leader_check = is_leader
         self._stop = asyncio.Event()
         self.log = logging.getLogger(f"shigoto.{self.name}")
 
@@ -25,13 +29,12 @@ class Service:
     async def run(self) -> None:
         while not self._stop.is_set():
             try:
-                await self.run_once()
+                if self.leader_check is None or self.leader_check():
+                    await self.run_once()
             except Exception as exc:
                 self.log.warning("%s tick failed: %s", self.name, exc)
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self.interval)
-            except TimeoutError:
-                pass
 
     def stop(self) -> None:
         self._stop.set()

@@ -11,12 +11,17 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
+from shigoto.job import JOB_COLUMNS
+
 #: LISTEN/NOTIFY channels. Payloads are "<schema>.<rest>" so several schemas can share a
 #: database without waking each other's runners for nothing.
 INSERT_CHANNEL = "shigoto_insert"
 CANCEL_CHANNEL = "shigoto_cancel"
 
 _FINISHED = "('completed', 'discarded', 'cancelled')"
+# Named, not `*`: the archive's columns are the jobs table's plus archived_at, and columns added
+# by later migrations land in a different position in each table.
+_COLUMNS = ", ".join(JOB_COLUMNS)
 
 _INSERT_ONE = """
 WITH input AS (
@@ -134,7 +139,8 @@ WITH old AS (
 ), moved AS (
     DELETE FROM {{jobs}} AS j USING old WHERE j.id = old.id RETURNING j.*
 )
-INSERT INTO {{archive}} SELECT moved.*, now() FROM moved
+INSERT INTO {{archive}} ({_COLUMNS}, archived_at)
+SELECT {_COLUMNS}, now() FROM moved
 ON CONFLICT (id) DO NOTHING
 """
 
@@ -209,13 +215,17 @@ class Statements:
         return sql.Identifier(self.schema, "shigoto_jobs")
 
 
-def _compose(template: str, schema: str) -> str:
+@functools.cache
+def compose(template: str, schema: str) -> str:
+    """Fill a template's table names and channel for `schema`."""
     return (
         sql.SQL(template)
         .format(
             jobs=sql.Identifier(schema, "shigoto_jobs"),
             archive=sql.Identifier(schema, "shigoto_jobs_archive"),
             nodes=sql.Identifier(schema, "shigoto_nodes"),
+            cron=sql.Identifier(schema, "shigoto_cron"),
+            queues=sql.Identifier(schema, "shigoto_queues"),
             jobs_name=sql.Literal(f'"{schema}".shigoto_jobs'),
             schema_name=sql.Literal(schema),
             channel=sql.Literal(INSERT_CHANNEL),
@@ -247,4 +257,4 @@ def statements(schema: str) -> Statements:
         "stale_executing": _STALE_EXECUTING,
         "get_job": _GET_JOB,
     }
-    return Statements(schema=schema, **{k: _compose(v, schema) for k, v in templates.items()})
+    return Statements(schema=schema, **{k: compose(v, schema) for k, v in templates.items()})

@@ -97,6 +97,15 @@ class RunnerSettings:
     """How often due scheduled/retryable jobs are made available (bounds their lateness)."""
     shutdown_timeout: float = 15.0
     heartbeat_interval: float = 30.0
+    rescue_after: float | None = None
+    """A node silent this long (seconds) is dead and its jobs are rescued; default
+    2 x heartbeat_interval + 30 s, so one late heartbeat never triggers a rescue."""
+    rescue_interval: float = 15.0
+    leader_interval: float = 1.0
+    """How often a follower tries to take leadership (bounds hand-over time after a death)."""
+    cron_interval: float = 1.0
+    settings_interval: float = 2.0
+    """How often shared queue settings (global limit, paused) are re-read."""
     prune_interval: float = 3600.0
     prune_after: float = 14 * 86400.0
     """Finished jobs older than this (seconds since finishing) move to the archive."""
@@ -108,9 +117,22 @@ class RunnerSettings:
     """Thread pool size for sync workers; default: the sum of queue concurrencies."""
 
     def __post_init__(self) -> None:
-        for name in ("poll_interval", "stage_interval", "shutdown_timeout", "heartbeat_interval",
-                     "prune_interval"):  # fmt: skip
+        positive = ("poll_interval", "stage_interval", "shutdown_timeout", "heartbeat_interval",
+                    "prune_interval", "rescue_interval", "leader_interval", "cron_interval",
+                    "settings_interval")
+        for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.rescue_after is not None and self.rescue_after <= self.heartbeat_interval:
+            raise ConfigurationError(
+                f"rescue_after ({self.rescue_after}) must exceed heartbeat_interval "
+                f"({self.heartbeat_interval}), or live runners would be robbed of their jobs"
+            )
         if self.claim_batch < 1:
             raise ConfigurationError(f"claim_batch must be at least 1, got {self.claim_batch}")
+
+    @property
+    def effective_rescue_after(self) -> float:
+        if self.rescue_after is not None:
+            return self.rescue_after
+        return 2 * self.heartbeat_interval + 30.0

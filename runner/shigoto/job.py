@@ -29,7 +29,7 @@ CANCELLABLE_STATES = frozenset(
 JOB_COLUMNS = (
     "id", "queue", "worker", "args", "state", "priority", "attempt", "max_attempts", "timeout",
     "scheduled_at", "inserted_at", "attempted_at", "completed_at", "finished_at", "attempted_by",
-    "errors", "result", "tags", "meta", "progress",
+    "errors", "result", "tags", "meta", "progress", "unique_key",
 )  # fmt: skip
 
 
@@ -57,6 +57,7 @@ class Job:
     tags: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     progress: int | None = None
+    unique_key: str | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:

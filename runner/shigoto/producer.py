@@ -8,12 +8,14 @@ many jobs as there are free slots, so one round trip fills many slots under load
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
 from shigoto import telemetry
 from shigoto.job import Job
+from shigoto.limiter import Limiter
 
 log = logging.getLogger("shigoto.producer")
 
@@ -34,6 +36,8 @@ class Producer:
         poll_interval: float,
         claim_batch: int,
         node: str,
+        limiter: Limiter | None = None,
+        scope: int = 0,
     ) -> None:
         self.queue = queue
         self.concurrency = concurrency
@@ -42,6 +46,14 @@ class Producer:
         self.poll_interval = poll_interval
         self.claim_batch = claim_batch
         self.node = node
+        self.limiter = limiter
+        self.scope = scope
+        #: Slots across all runners (from shigoto_queues); None means no global limit.
+        self.global_limit: int | None = None
+        #: A paused queue keeps its running jobs but claims nothing new.
+        self.paused = False
+        self.slots: dict[int, int] = {}
+        self._giving: set[asyncio.Future[None]] = set()
         self.running: dict[int, tuple[Job, asyncio.Task[None]]] = {}
         self._wake = asyncio.Event()
         self._claiming = True
@@ -63,12 +75,10 @@ class Producer:
     async def run(self) -> None:
         retry = 0.5
         while self._claiming:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.poll_interval)
-            except TimeoutError:
-                pass
             self._wake.clear()
-            if not self._claiming or self.free == 0:
+            if not self._claiming or self.paused or self.free == 0:
                 continue
             try:
                 jobs = await self._claim_batch()
@@ -88,7 +98,22 @@ class Producer:
     async def _claim_batch(self) -> list[Job]:
         wanted = min(self.free, self.claim_batch)
         started = time.monotonic()
-        jobs = await self._claim(self.queue, wanted)
+        slots: list[int] = []
+        limit = self.global_limit
+        if limit is not None and self.limiter is not None:
+            slots = await self.limiter.take(self.scope, limit, wanted)
+            if not slots:
+                self._more_waiting = False  # retried on the next poll or wake-up
+                return []
+            wanted = len(slots)
+        try:
+            jobs = await self._claim(self.queue, wanted)
+        except BaseException:
+            await self._give(slots)
+            raise
+        if slots:
+            await self._give(slots[len(jobs):])
+            self.slots.update(zip((j.id for j in jobs), slots, strict=False))
         telemetry.emit(
             "producer.claim",
             {"duration": time.monotonic() - started, "count": len(jobs), "requested": wanted},
@@ -104,12 +129,27 @@ class Producer:
         self._drained.clear()
         task.add_done_callback(lambda _t, job_id=job.id: self._finished(job_id))
 
+    def _given(self, task: asyncio.Future[None]) -> None:
+        self._giving.discard(task)
+        self._wake.set()
+
+    async def _give(self, slots: list[int]) -> None:
+        if slots and self.limiter is not None:
+            await self.limiter.give(self.scope, slots)
+
     def _finished(self, job_id: int) -> None:
         self.running.pop(job_id, None)
+        slot = self.slots.pop(job_id, None)
+        if slot is not None:
+            # Free the global slot first, then look for more work: this runner re-claims at
+            # once, so a limited queue runs at its limit even when other runners only poll.
+            task = asyncio.ensure_future(self._give([slot]))
+            self._giving.add(task)
+            task.add_done_callback(self._given)
+        elif self._more_waiting:
+            self._wake.set()
         if not self.running:
             self._drained.set()
-        if self._more_waiting:
-            self._wake.set()
 
     def cancel_job(self, job_id: int) -> bool:
         """Cancel the task running `job_id` (its row was already cancelled in the database)."""
@@ -120,7 +160,5 @@ class Producer:
         return True
 
     async def wait_drained(self, timeout: float) -> None:
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._drained.wait(), timeout)
-        except TimeoutError:
-            pass

@@ -7,6 +7,7 @@ bounded batches so a huge backlog never holds long locks.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from psycopg_pool import AsyncConnectionPool
@@ -35,8 +36,9 @@ class Pruner(Service):
         interval: float,
         prune_after: float,
         archive_retention: float,
+        is_leader: Callable[[], bool] | None = None,
     ) -> None:
-        super().__init__(interval)
+        super().__init__(interval, is_leader)
         self.pool = pool
         self.stmts = stmts
         self.node = node

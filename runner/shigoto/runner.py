@@ -19,14 +19,20 @@ from psycopg_pool import AsyncConnectionPool
 
 from shigoto import _sql, config
 from shigoto.completer import Completer
+from shigoto.cron import CronScheduler, Schedule
+from shigoto.cron import store as store_schedules
+from shigoto.elector import Elector
 from shigoto.errors import ConfigurationError, MigrationError
 from shigoto.executor import JobExecutor
 from shigoto.job import Job
+from shigoto.limiter import Limiter, scope_key
 from shigoto.migrate import current_version, latest_version, migrate
 from shigoto.node import Heartbeat, new_node_id
 from shigoto.notifier import Notifier
 from shigoto.producer import Producer
 from shigoto.pruner import Pruner
+from shigoto.queue_settings import QueueSetting, QueueSettingsWatcher, write_limits
+from shigoto.rescuer import Rescuer
 from shigoto.stager import Stager
 from shigoto.worker import lookup
 
@@ -50,6 +56,9 @@ class Runner:
         settings: config.RunnerSettings | None = None,
         node_id: str | None = None,
         auto_migrate: bool = True,
+        cron: bool = False,
+        cron_schedules: Iterable[Schedule] = (),
+        global_concurrency: Mapping[str, int] | None = None,
         **overrides: Any,
     ) -> None:
         self.url = config.database_url(database_url)
@@ -61,6 +70,11 @@ class Runner:
         self.settings = replace(settings or config.RunnerSettings(), **overrides)
         self.node = node_id or new_node_id()
         self.auto_migrate = auto_migrate
+        self.cron_schedules = list(cron_schedules)
+        self.cron = cron or bool(self.cron_schedules)
+        self.elector = Elector(self.url, self.schema)
+        self.global_concurrency = dict(global_concurrency or {})
+        self.limiter = Limiter(self.url, self.schema)
         self.stmts = _sql.statements(self.schema)
         self.ready = asyncio.Event()
         self.producers: dict[str, Producer] = {}
@@ -71,7 +85,8 @@ class Runner:
         self._threads: ThreadPoolExecutor | None = None
         self._completer: Completer | None = None
         self._executor: JobExecutor | None = None
-        self._background: set[asyncio.Task[Any]] = set()
+        self._progress: dict[int, int] = {}  # newest reported percent not yet written, by job
+        self._progress_writers: dict[int, asyncio.Task[None]] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -81,6 +96,10 @@ class Runner:
             importlib.import_module(module)
         if self.auto_migrate:
             await asyncio.to_thread(migrate, self.url, schema=self.schema)
+        if self.cron_schedules:
+            await asyncio.to_thread(
+                store_schedules, self.cron_schedules, database_url=self.url, schema=self.schema
+            )
         pool = AsyncConnectionPool(
             self.url, min_size=2, max_size=len(self.queues) + 6, open=False,
             kwargs={"autocommit": True}, name=f"shigoto-runner-{self.node}",
@@ -89,8 +108,12 @@ class Runner:
         self._pool = pool
         try:
             await self._check_schema(pool)
+            if self.global_concurrency:
+                async with pool.connection() as conn:
+                    await write_limits(conn, self.schema, self.global_concurrency)
             await self._serve(pool)
         finally:
+            await self.limiter.close()
             await pool.close()
             if self._threads is not None:
                 self._threads.shutdown(wait=False, cancel_futures=True)
@@ -118,12 +141,26 @@ class Runner:
                               s.heartbeat_interval)  # fmt: skip
         await heartbeat.run_once()
         notifier = Notifier(self.url, [_sql.INSERT_CHANNEL, _sql.CANCEL_CHANNEL], self._dispatch)
-        services = {
+        self.elector.interval = s.leader_interval
+        leader = self._leads
+        services: dict[str, Any] = {
             "stager": Stager(pool, self.stmts, self.node, s.stage_interval),
             "pruner": Pruner(pool, self.stmts, self.node, interval=s.prune_interval,
-                             prune_after=s.prune_after, archive_retention=s.archive_retention),
+                             prune_after=s.prune_after, archive_retention=s.archive_retention,
+                             is_leader=leader),
+            "rescuer": Rescuer(pool, self.schema, self.node, is_leader=leader,
+                               rescue_after=s.effective_rescue_after, interval=s.rescue_interval),
             "heartbeat": heartbeat,
+            "queue-settings": QueueSettingsWatcher(
+                pool, self.schema, lambda: list(self.producers), self._apply_settings,
+                s.settings_interval),
         }  # fmt: skip
+        await services["queue-settings"].run_once()  # limits known before the first claim
+        if self.cron:
+            services["cron"] = CronScheduler(
+                pool, self.schema, is_leader=leader, interval=s.cron_interval
+            )
+        self._tasks["elector"] = asyncio.create_task(self.elector.run())
         self._tasks["completer"] = asyncio.create_task(self._completer.run())
         self._tasks["notifier"] = asyncio.create_task(notifier.run())
         for name, service in services.items():
@@ -156,6 +193,7 @@ class Runner:
             log.error("%d completions could not be recorded before exit; those jobs stay "
                       "executing until rescued", self._completer.backlog)  # fmt: skip
         await notifier.stop()
+        await self.elector.stop()
         try:
             await heartbeat.unregister()
         except Exception as exc:
@@ -195,6 +233,9 @@ class Runner:
                 await asyncio.sleep(0.5 * (attempt + 1))
         log.error("could not put back jobs %s; they stay executing until rescued", ids)
 
+    def _leads(self) -> bool:
+        return self.elector.is_leader
+
     async def stop(self) -> None:
         """Ask the runner to shut down gracefully; `run()` returns when it is done."""
         self._stop.set()
@@ -219,12 +260,23 @@ class Runner:
         producer.stop_claiming()
         await self._drain_producers([producer], self.settings.shutdown_timeout)
 
+    def _apply_settings(self, settings: dict[str, QueueSetting]) -> None:
+        for name, setting in settings.items():
+            producer = self.producers.get(name)
+            if producer is None:
+                continue
+            if producer.paused and not setting.paused:
+                producer.wake()
+            producer.paused = setting.paused
+            producer.global_limit = setting.global_concurrency
+
     def _start_producer(self, queue: str, concurrency: int) -> None:
         producer = Producer(
             queue, concurrency, claim=self._claim, execute=self._execute,
             poll_interval=self.settings.poll_interval, claim_batch=self.settings.claim_batch,
-            node=self.node,
+            node=self.node, limiter=self.limiter, scope=scope_key(self.schema, "queue", queue),
         )  # fmt: skip
+        producer.global_limit = self.global_concurrency.get(queue)
         self.producers[queue] = producer
         self._producer_tasks[queue] = asyncio.create_task(producer.run(), name=f"producer-{queue}")
         producer.wake()
@@ -244,22 +296,37 @@ class Runner:
     async def _execute(self, job: Job) -> None:
         assert self._executor is not None and self._completer is not None
         completion = await self._executor.execute(job)
+        # The last progress report must land before the completion, whose write ends the
+        # attempt (progress writes are guarded by state = 'executing'). Reports reach the loop
+        # via call_soon_threadsafe, so yield once to let any queued one start its writer.
+        await asyncio.sleep(0)
+        writer = self._progress_writers.get(job.id)
+        if writer is not None:
+            await writer
         self._completer.submit(completion)
 
     def _report_progress(self, job: Job, percent: int) -> None:
-        task = asyncio.create_task(self._write_progress(job, percent))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        # One writer per job, always sending the newest value: reports land in order and a
+        # burst of them costs one write per round trip, not one each.
+        self._progress[job.id] = percent
+        if job.id not in self._progress_writers:
+            self._progress_writers[job.id] = asyncio.create_task(self._write_progress(job))
 
-    async def _write_progress(self, job: Job, percent: int) -> None:
+    async def _write_progress(self, job: Job) -> None:
         assert self._pool is not None
         try:
-            async with self._pool.connection() as conn:
-                await conn.execute(
-                    self.stmts.progress, {"id": job.id, "attempt": job.attempt, "progress": percent}
-                )
+            while job.id in self._progress:
+                percent = self._progress.pop(job.id)
+                async with self._pool.connection() as conn:
+                    await conn.execute(
+                        self.stmts.progress,
+                        {"id": job.id, "attempt": job.attempt, "progress": percent},
+                    )
         except Exception as exc:
+            self._progress.pop(job.id, None)
             log.warning("could not record progress of job %s: %s", job.id, exc)
+        finally:
+            self._progress_writers.pop(job.id, None)
 
     def _dispatch(self, channel: str, payload: str) -> None:
         schema, _, rest = payload.partition(".")

@@ -7,7 +7,7 @@ subscriber that raises is logged and skipped: telemetry must never break job pro
 |-----------------|----------------------------------|------------------------------------------|
 | job.start       | system_time                      | job, node                                |
 | job.stop        | duration, queue_time             | job, node, result                        |
-| job.exception   | duration, queue_time             | job, node, error, kind ("failure", "timeout") |
+| job.exception   | duration, queue_time             | job, node, error, kind (failure|timeout) |
 | job.discard     | duration                         | job, node, error                         |
 | job.snooze      | duration, snooze                 | job, node                                |
 | job.cancel      | duration                         | job, node, reason                        |
@@ -16,6 +16,8 @@ subscriber that raises is logged and skipped: telemetry must never break job pro
 | pruner.prune    | duration, archived, deleted      | node                                     |
 | completer.flush | duration, count, acknowledged    | node                                     |
 | completer.error | attempt                          | node, error                              |
+| cron.enqueue    | count                            | name, job_ids                            |
+| rescuer.rescue  | count                            | node, job_ids                            |
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ log = logging.getLogger("shigoto.telemetry")
 EVENTS = frozenset({
     "job.start", "job.stop", "job.exception", "job.discard", "job.snooze", "job.cancel",
     "producer.claim", "stager.stage", "pruner.prune", "completer.flush", "completer.error",
+    "cron.enqueue", "rescuer.rescue",
 })  # fmt: skip
 
 Handler = Callable[[str, dict[str, Any], dict[str, Any]], Any]

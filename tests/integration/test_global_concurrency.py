@@ -1,0 +1,104 @@
+"""A global limit holds across real runner processes, and a killed runner leaks no slot."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import shigoto
+from shigoto.limiter import scope_key
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MAX_OVERLAP = """
+SELECT coalesce(max(c), 0) FROM (
+    SELECT a.job_id, count(*) AS c FROM overlap_log a JOIN overlap_log b
+      ON b.started <= a.started AND coalesce(b.ended, 'infinity') > a.started
+    WHERE a.started >= %(since)s
+    GROUP BY a.job_id
+) AS per_job
+"""
+
+
+def start_runner(db_url: str, *extra: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SHIGOTO_DATABASE_URL": db_url}
+    return subprocess.Popen(
+        [sys.executable, "-m", "shigoto.cli", "run", "--queue", "limited=10",
+         "--import", "tests.support.limit_workers", "--poll-interval", "0.2",
+         "--global-concurrency", "limited=4", *extra],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def wait_for(predicate, timeout: float = 60.0, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def count(conn: psycopg.Connection, query: str, *params: object) -> int:
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.slow
+def test_three_runners_never_exceed_global_limit_and_reach_it(db_url: str, conn) -> None:
+    conn.execute(
+        "CREATE TABLE overlap_log (job_id bigint, pid int, started timestamptz, ended timestamptz)"
+    )
+    shigoto.enqueue_many(
+        [{"worker": "tests.support.limit_workers.record_interval", "args": {"ms": 100},
+          "queue": "limited"} for _ in range(90)]
+    )  # fmt: skip
+    procs = [start_runner(db_url) for _ in range(3)]
+    try:
+        # Kill one runner while it is executing limited jobs: its session (and slots) die.
+        victim = procs[0]
+        wait_for(lambda: count(conn, "SELECT count(*) FROM overlap_log WHERE pid = %s",
+                               victim.pid) >= 2)  # fmt: skip
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        killed_at = conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
+        # The victim's performs died with it: their intervals end no later than now.
+        conn.execute("UPDATE overlap_log SET ended = %s WHERE ended IS NULL AND pid = %s",
+                     (killed_at, victim.pid))  # fmt: skip
+        wait_for(lambda: count(conn, "SELECT count(*) FROM shigoto_jobs WHERE state IN "
+                               "('available', 'scheduled')") == 0, timeout=90)  # fmt: skip
+        wait_for(lambda: count(conn, "SELECT count(*) FROM shigoto_jobs WHERE state = "
+                               "'executing' AND attempted_by NOT LIKE %s",
+                               f"%-{victim.pid}-%") == 0)  # fmt: skip
+    finally:
+        for p in procs[1:]:
+            p.send_signal(signal.SIGTERM)
+        for p in procs[1:]:
+            assert p.wait(30) == 0, p.stderr.read().decode() if p.stderr else ""
+    overall = count(conn, MAX_OVERLAP.replace("%(since)s", "'-infinity'"))
+    after_kill = count(conn, MAX_OVERLAP.replace("%(since)s", "%s"), killed_at)
+    assert overall == 4, f"at most 4 and at least 4 at some instant, saw {overall}"
+    assert after_kill == 4, f"the killed runner's slots must be free again, saw {after_kill}"
+    # Every job not stranded on the killed runner completed exactly once.
+    stranded = count(conn, "SELECT count(*) FROM shigoto_jobs WHERE state = 'executing'")
+    completed = count(conn, "SELECT count(*) FROM shigoto_jobs WHERE state = 'completed'")
+    assert completed + stranded == 90
+    ran_twice = "SELECT count(*) FROM (SELECT job_id FROM overlap_log GROUP BY job_id " \
+        "HAVING count(*) > 1) AS d"
+    assert count(conn, ran_twice) == 0
+
+
+def test_scope_keys_are_stable_and_distinct() -> None:
+    assert scope_key("public", "queue", "a") == scope_key("public", "queue", "a")
+    assert scope_key("public", "queue", "a") != scope_key("public", "queue", "b")
+    assert scope_key("public", "queue", "a") != scope_key("other", "queue", "a")
+    assert -(2**31) <= scope_key("public", "worker", "x") < 2**31

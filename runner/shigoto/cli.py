@@ -40,8 +40,11 @@ def _database_url(args: argparse.Namespace) -> str:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--database-url", default=_env(config.ENV_DATABASE_URL),
-                   help="libpq URL [SHIGOTO_DATABASE_URL]; default: embedded PostgreSQL")
+    p.add_argument(
+        "--database-url",
+        default=_env(config.ENV_DATABASE_URL),
+        help="libpq URL [SHIGOTO_DATABASE_URL]; default: embedded PostgreSQL",
+    )
     p.add_argument("--schema", default=_env(config.ENV_SCHEMA, config.DEFAULT_SCHEMA),
                    help="schema of the tables [SHIGOTO_SCHEMA] (default: public)")  # fmt: skip
 
@@ -56,10 +59,17 @@ def _filters(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shigoto", description="PostgreSQL job queue")
-    parser.add_argument("--log-level", default=_env("SHIGOTO_LOG_LEVEL", "info"),
-                        help="[SHIGOTO_LOG_LEVEL] debug, info, warning, error")
-    parser.add_argument("--log-format", choices=["text", "json"],
-                        default=_env("SHIGOTO_LOG_FORMAT", "text"), help="[SHIGOTO_LOG_FORMAT]")
+    parser.add_argument(
+        "--log-level",
+        default=_env("SHIGOTO_LOG_LEVEL", "info"),
+        help="[SHIGOTO_LOG_LEVEL] debug, info, warning, error",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=_env("SHIGOTO_LOG_FORMAT", "text"),
+        help="[SHIGOTO_LOG_FORMAT]",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("migrate", help="apply pending migrations (idempotent, concurrency-safe)")
@@ -67,20 +77,71 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="claim and execute jobs until SIGTERM/SIGINT")
     _common(p)
-    p.add_argument("--queue", action="append", dest="queues",
-                   help="NAME=CONCURRENCY, repeatable [SHIGOTO_QUEUES] (default: default=10)")
-    p.add_argument("--import", action="append", dest="imports",
-                   help="module defining workers, repeatable [SHIGOTO_IMPORT]")
-    p.add_argument("--health-port", type=int, default=_env("SHIGOTO_HEALTH_PORT"),
-                   help="serve /healthz, /readyz, /metrics on this port [SHIGOTO_HEALTH_PORT]")
-    p.add_argument("--poll-interval", type=float,
-                   default=float(_env("SHIGOTO_POLL_INTERVAL", 1.0)), help="[SHIGOTO_POLL_INTERVAL]")
-    p.add_argument("--shutdown-timeout", type=float,
-                   default=float(_env("SHIGOTO_SHUTDOWN_TIMEOUT", 15.0)),
-                   help="seconds in-flight jobs get on SIGTERM [SHIGOTO_SHUTDOWN_TIMEOUT]")
-    p.add_argument("--no-migrate", action="store_true",
-                   default=_env("SHIGOTO_NO_MIGRATE", "") not in ("", "0", "false"),
-                   help="do not apply migrations at start [SHIGOTO_NO_MIGRATE]")
+    p.add_argument(
+        "--queue",
+        action="append",
+        dest="queues",
+        help="NAME=CONCURRENCY, repeatable [SHIGOTO_QUEUES] (default: default=10)",
+    )
+    p.add_argument(
+        "--import",
+        action="append",
+        dest="imports",
+        help="module defining workers, repeatable [SHIGOTO_IMPORT]",
+    )
+    p.add_argument(
+        "--health-port",
+        type=int,
+        default=_env("SHIGOTO_HEALTH_PORT"),
+        help="serve /healthz, /readyz, /metrics on this port [SHIGOTO_HEALTH_PORT]",
+    )
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=float(_env("SHIGOTO_POLL_INTERVAL", 1.0)),
+        help="[SHIGOTO_POLL_INTERVAL]",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=float(_env("SHIGOTO_SHUTDOWN_TIMEOUT", 15.0)),
+        help="seconds in-flight jobs get on SIGTERM [SHIGOTO_SHUTDOWN_TIMEOUT]",
+    )
+    p.add_argument(
+        "--no-migrate",
+        action="store_true",
+        default=_env("SHIGOTO_NO_MIGRATE", "") not in ("", "0", "false"),
+        help="do not apply migrations at start [SHIGOTO_NO_MIGRATE]",
+    )
+    p.add_argument(
+        "--global-concurrency",
+        action="append",
+        metavar="NAME=N",
+        help="at most N jobs of queue NAME execute across all runners; stored in the database "
+        "for every runner, repeatable [SHIGOTO_GLOBAL_CONCURRENCY]",
+    )
+    p.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=float(_env("SHIGOTO_HEARTBEAT_INTERVAL", 30.0)),
+        help="seconds between node heartbeats [SHIGOTO_HEARTBEAT_INTERVAL]",
+    )
+    p.add_argument(
+        "--rescue-after",
+        type=float,
+        default=_env("SHIGOTO_RESCUE_AFTER"),
+        help="seconds of silence after which a node's jobs are rescued "
+        "(default 2 x heartbeat + 30) [SHIGOTO_RESCUE_AFTER]",
+    )
+    p.add_argument(
+        "--cron",
+        nargs="?",
+        const="",
+        default=_env("SHIGOTO_CRON"),
+        metavar="FILE",
+        help="run the cron scheduler here (leader-elected); FILE, a JSON list of schedules, "
+        "is stored first [SHIGOTO_CRON]",
+    )
 
     p = sub.add_parser("enqueue", help="enqueue one job by worker name")
     _common(p)
@@ -105,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--jobs", type=int, default=20_000)
     p.add_argument("--concurrency", type=int, default=50)
+    p.add_argument("--finished", type=int, default=0, help="re-measure with N finished rows")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("demo", help="the whole loop on an embedded PostgreSQL, no setup")
@@ -143,10 +205,18 @@ def _run(args: argparse.Namespace) -> int:
     queues = (config.parse_queues(",".join(args.queues)) if args.queues
               else config.queues_from_env())  # fmt: skip
     imports = args.imports if args.imports else config.imports_from_env()
+    from shigoto.cron import load_file
+
+    schedules = load_file(args.cron) if args.cron else []
+    limits_text = ",".join(args.global_concurrency or []) or _env("SHIGOTO_GLOBAL_CONCURRENCY")
+    limits = config.parse_queues(limits_text) if limits_text else {}
     runner = Runner(
         queues, database_url=_database_url(args), schema=args.schema, imports=imports,
         auto_migrate=not args.no_migrate, poll_interval=args.poll_interval,
-        shutdown_timeout=args.shutdown_timeout,
+        shutdown_timeout=args.shutdown_timeout, cron=args.cron is not None,
+        cron_schedules=schedules, global_concurrency=limits,
+        heartbeat_interval=args.heartbeat_interval,
+        rescue_after=float(args.rescue_after) if args.rescue_after else None,
     )  # fmt: skip
 
     async def serve() -> None:
@@ -154,7 +224,7 @@ def _run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(runner.stop()))
         health_server = None
-        if args.health_port:
+        if args.health_port is not None:  # 0 is valid: any free port, logged at start
             from shigoto.health import HealthServer
 
             health_server = HealthServer(runner, port=int(args.health_port))
@@ -172,7 +242,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def _exit_even_if_threads_linger() -> None:
     """A sync perform past its deadline cannot be interrupted; don't let it block the exit."""
-    busy = [t for t in threading.enumerate() if t.name.startswith("shigoto-worker") and t.is_alive()]
+    busy = [
+        t for t in threading.enumerate() if t.name.startswith("shigoto-worker") and t.is_alive()
+    ]
     if busy:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -213,8 +285,10 @@ def _bulk(action: str):
         from shigoto import operations
 
         fn = operations.retry_by if action == "retry" else operations.cancel_by
-        ids = fn(ids=args.ids, queue=args.queue, worker=args.worker, tag=args.tag,
-                 state=args.state, database_url=_database_url(args), schema=args.schema)  # fmt: skip
+        ids = fn(
+            ids=args.ids, queue=args.queue, worker=args.worker, tag=args.tag, state=args.state,
+            database_url=_database_url(args), schema=args.schema,
+        )  # fmt: skip
         print(json.dumps({action: ids}))
         return 0
 

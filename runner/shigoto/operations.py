@@ -66,8 +66,9 @@ def _filter(
     f = Filter(ids=list(ids or []), queue=queue, worker=worker, tag=tag, state=parsed_state)
     if f.is_empty():
         raise ValidationError(
-            "filter", "give at least one of ids, queue, worker, tag, state (to act on all jobs "
-            "of a state, pass state= explicitly)"
+            "filter",
+            "give at least one of ids, queue, worker, tag, state (to act on all jobs "
+            "of a state, pass state= explicitly)",
         )
     return f
 
@@ -99,12 +100,12 @@ def retry_by(
         " RETURNING id, queue"
     ).format(jobs=stmts.jobs_table, where=where)
     params["from"] = sorted(RETRYABLE_FROM)
-    with database.sync_pool(config.database_url(database_url)).connection() as conn:
-        with conn.transaction():
-            rows = conn.execute(query, params).fetchall()
-            queues = sorted({r[1] for r in rows})
-            if queues:
-                conn.execute(stmts.notify_queues, {"queues": queues})
+    pool = database.sync_pool(config.database_url(database_url))
+    with pool.connection() as conn, conn.transaction():
+        rows = conn.execute(query, params).fetchall()
+        queues = sorted({r[1] for r in rows})
+        if queues:
+            conn.execute(stmts.notify_queues, {"queues": queues})
     return sorted(r[0] for r in rows)
 
 
@@ -127,21 +128,21 @@ def cancel_by(
     query = sql.SQL(
         "UPDATE {jobs} SET state = 'cancelled', finished_at = now(),"
         " errors = errors || jsonb_build_array(jsonb_build_object("
-        "   'attempt', attempt, 'at', now(), 'error', %(reason)s, 'traceback', ''))"
+        "   'attempt', attempt, 'at', now(), 'error', %(reason)s::text, 'traceback', ''))"
         " WHERE state = ANY(%(from)s) AND {where}"
         " RETURNING id"
     ).format(jobs=stmts.jobs_table, where=where)
     params["from"] = sorted(CANCELLABLE_STATES)
     params["reason"] = f"Cancelled: {reason}"
-    with database.sync_pool(config.database_url(database_url)).connection() as conn:
-        with conn.transaction():
-            ids_done = sorted(r[0] for r in conn.execute(query, params).fetchall())
-            if ids_done:
-                # Runners executing any of these stop the perform; others ignore the notice.
-                conn.execute(
-                    "SELECT pg_notify(%s, %s || '.' || i) FROM unnest(%s::bigint[]) AS i",
-                    (_sql.CANCEL_CHANNEL, schema_name, ids_done),
-                )
+    pool = database.sync_pool(config.database_url(database_url))
+    with pool.connection() as conn, conn.transaction():
+        ids_done = sorted(r[0] for r in conn.execute(query, params).fetchall())
+        if ids_done:
+            # Runners executing any of these stop the perform; others ignore the notice.
+            conn.execute(
+                "SELECT pg_notify(%s, %s || '.' || i) FROM unnest(%s::bigint[]) AS i",
+                (_sql.CANCEL_CHANNEL, schema_name, ids_done),
+            )
     return ids_done
 
 
@@ -154,7 +155,10 @@ class Status:
     def as_dict(self) -> dict[str, Any]:
         return {
             "queues": {
-                q: {"counts": self.counts[q], "oldest_available_age": self.oldest_available_age.get(q)}
+                q: {
+                    "counts": self.counts[q],
+                    "oldest_available_age": self.oldest_available_age.get(q),
+                }
                 for q in sorted(self.counts)
             },
             "nodes": self.nodes,
@@ -188,6 +192,9 @@ def status(*, database_url: str | None = None, schema: str | None = None) -> Sta
 DEFAULT_STALE_AFTER = 90.0
 #: A queue whose oldest available job waited longer than this (seconds) is reported degraded.
 DEFAULT_BACKLOG_WARNING = 300.0
+#: How long (seconds) `health()` waits for a connection; the pool's own default is 30 s, too
+#: long for a probe to learn that the database is down.
+DEFAULT_HEALTH_TIMEOUT = 5.0
 
 
 def health(
@@ -196,12 +203,16 @@ def health(
     schema: str | None = None,
     stale_after: float = DEFAULT_STALE_AFTER,
     backlog_warning: float = DEFAULT_BACKLOG_WARNING,
+    timeout: float = DEFAULT_HEALTH_TIMEOUT,
 ) -> dict[str, Any]:
-    """A health report: database pool, job counts, stale executing jobs, per-queue health."""
+    """A health report: database pool, job counts, stale executing jobs, per-queue health.
+
+    An unreachable database is reported as unhealthy within `timeout` seconds.
+    """
     stmts = _sql.statements(config.schema(schema))
     pool = database.sync_pool(config.database_url(database_url))
     try:
-        with pool.connection() as conn:
+        with pool.connection(timeout=timeout) as conn:
             st = _status(conn, stmts)
             stale = conn.execute(stmts.stale_executing, {"stale_after": stale_after}).fetchall()
     except psycopg.Error as exc:

@@ -36,6 +36,14 @@ def nodes_table(st: Status) -> Table:
 
 
 def render_status(st: Status, console: Console | None = None) -> None:
-    console = console or Console()
-    console.print(status_table(st))
-    console.print(nodes_table(st))
+    tables = [status_table(st), nodes_table(st)]
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            # Piped or captured (kubectl exec, grep, CI logs): there is no screen to fit, and
+            # the 80-column default would cut queue names and headers down to "visi…".
+            wide = console.options.update_width(10_000)
+            needed = max(console.measure(t, options=wide).maximum for t in tables)
+            console = Console(width=max(needed, console.width))
+    for table in tables:
+        console.print(table)

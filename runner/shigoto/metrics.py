@@ -1,0 +1,152 @@
+"""Prometheus metrics of one runner, derived from telemetry events and a periodic depth query.
+
+Each `RunnerMetrics` owns its own `CollectorRegistry` rather than the process-global default,
+so several runners in one process (an application embedding two, or a test suite) never clash
+over metric names. Counters follow job outcomes as telemetry reports them; only events of this
+runner's node count, since telemetry subscribers are process-wide.
+
+| metric                              | type      | labels        | from                       |
+|-------------------------------------|-----------|---------------|----------------------------|
+| shigoto_jobs_completed_total        | counter   | queue, worker | job.stop                   |
+| shigoto_jobs_failed_total           | counter   | queue, worker | job.exception (per attempt)|
+| shigoto_jobs_discarded_total        | counter   | queue, worker | job.discard                |
+| shigoto_jobs_snoozed_total          | counter   | queue, worker | job.snooze                 |
+| shigoto_jobs_cancelled_total        | counter   | queue, worker | job.cancel                 |
+| shigoto_job_duration_seconds        | histogram | queue, worker | every finished attempt     |
+| shigoto_queue_depth                 | gauge     | queue, state  | the `counts` statement     |
+
+A job whose last attempt fails counts once as failed and once as discarded: the two count
+different things (failed attempts, jobs given up on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    gc_collector,
+    generate_latest,
+    platform_collector,
+    process_collector,
+)
+from psycopg_pool import AsyncConnectionPool
+
+from shigoto import _sql, telemetry
+from shigoto.errors import Discard
+from shigoto.job import JobState
+
+#: Execution times span milliseconds (no-op jobs) to the default 5-minute timeout and beyond.
+DURATION_BUCKETS = (
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+    300.0, 600.0, 1800.0, float("inf"),
+)  # fmt: skip
+
+#: Event name -> the counter attribute it increments.
+_OUTCOME_COUNTERS = {
+    "job.stop": "completed",
+    "job.exception": "failed",
+    "job.discard": "discarded",
+    "job.snooze": "snoozed",
+    "job.cancel": "cancelled",
+}
+
+JOB_LABELS = ("queue", "worker")
+
+
+class RunnerMetrics:
+    """The metrics of the runner whose node id is `node`, in a registry of their own."""
+
+    def __init__(self, node: str, *, process_metrics: bool = True) -> None:
+        self.node = node
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._handle: int | None = None
+        self._depth_keys: set[tuple[str, str]] = set()
+        self.completed = self._counter("completed", "Jobs that completed successfully.")
+        self.failed = self._counter("failed", "Attempts that raised an exception or timed out.")
+        self.discarded = self._counter("discarded", "Jobs discarded: attempts exhausted or "
+                                       "discarded on purpose.")  # fmt: skip
+        self.snoozed = self._counter("snoozed", "Jobs snoozed (rescheduled, attempt kept).")
+        self.cancelled = self._counter("cancelled", "Jobs cancelled by their worker.")
+        self.duration = Histogram(
+            "shigoto_job_duration_seconds", "Execution time of one attempt, whatever its outcome.",
+            JOB_LABELS, buckets=DURATION_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.depth = Gauge(
+            "shigoto_queue_depth", "Jobs in the database by queue and state (all runners).",
+            ("queue", "state"), registry=self.registry,
+        )  # fmt: skip
+        if process_metrics:
+            # Memory, CPU and GC of the runner process: what an operator looks at first.
+            process_collector.ProcessCollector(registry=self.registry)
+            platform_collector.PlatformCollector(registry=self.registry)
+            gc_collector.GCCollector(registry=self.registry)
+
+    def _counter(self, outcome: str, documentation: str) -> Counter:
+        return Counter(f"shigoto_jobs_{outcome}", documentation, JOB_LABELS, registry=self.registry)
+
+    # -- telemetry ------------------------------------------------------------------------
+
+    def attach(self) -> None:
+        """Start following this node's job events (idempotent)."""
+        if self._handle is None:
+            self._handle = telemetry.attach(self.handle, _OUTCOME_COUNTERS)
+
+    def detach(self) -> None:
+        if self._handle is not None:
+            telemetry.detach(self._handle)
+            self._handle = None
+
+    def handle(self, event: str, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+        """The telemetry subscriber: one outcome event becomes counter and histogram updates."""
+        if metadata.get("node") != self.node or event not in _OUTCOME_COUNTERS:
+            return
+        job = metadata["job"]
+        labels = (job.queue, job.worker)
+        getattr(self, _OUTCOME_COUNTERS[event]).labels(*labels).inc()
+        if _ends_attempt(event, metadata):
+            self.duration.labels(*labels).observe(float(measurements.get("duration") or 0.0))
+
+    # -- queue depth ----------------------------------------------------------------------
+
+    def set_depth(self, rows: Iterable[tuple[str, str, int]]) -> None:
+        """Record (queue, state, count) rows; a pair absent from `rows` drops to 0.
+
+        Every state of every queue seen so far is exported, zeros included, so a dashboard
+        sees a queue empty out instead of a series that silently stops.
+        """
+        counts = {(queue, str(state)): int(count) for queue, state, count in rows}
+        queues = {queue for queue, _ in counts} | {queue for queue, _ in self._depth_keys}
+        for queue in queues:
+            for state in JobState:
+                self._depth_keys.add((queue, state.value))
+                self.depth.labels(queue, state.value).set(counts.get((queue, state.value), 0))
+
+    async def refresh_depth(self, pool: AsyncConnectionPool, stmts: _sql.Statements) -> None:
+        """Query the counts by queue and state and publish them."""
+        async with pool.connection() as conn:
+            cur = await conn.execute(stmts.counts)
+            rows = await cur.fetchall()
+        self.set_depth((str(r[0]), str(r[1]), int(r[2])) for r in rows)
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of everything in this registry."""
+        return generate_latest(self.registry)
+
+
+def _ends_attempt(event: str, metadata: dict[str, Any]) -> bool:
+    """Whether the event is the one that closes an attempt, so durations are counted once.
+
+    A last failed attempt emits job.exception and then job.discard with the same duration;
+    only a deliberate `Discard` emits job.discard alone.
+    """
+    if event == "job.discard":
+        return isinstance(metadata.get("error"), Discard)
+    return True
+
+
+__all__ = ["DURATION_BUCKETS", "RunnerMetrics"]

@@ -1,0 +1,212 @@
+"""Graceful shutdown of a real `shigoto run` process (SIGTERM and SIGINT).
+
+The runner runs in a subprocess with the workers of `tests.support.process_workers`; those
+leave marker files so the test knows when a perform has started or finished. Every wait polls
+a condition under a generous deadline; nothing here asserts how long something took.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import shigoto
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKERS = "tests.support.process_workers"
+
+pytestmark = pytest.mark.slow
+
+
+def wait_until(
+    condition: Callable[[], Any], *, timeout: float = 30.0, interval: float = 0.05, what: str = ""
+) -> Any:
+    """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what or condition}")
+        time.sleep(interval)
+
+
+class RunnerProcess:
+    """A `shigoto run` subprocess whose output goes to a log file (shown when a test fails)."""
+
+    def __init__(self, db_url: str, log_path: Path, *extra: str, queue: str = "default=5") -> None:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "SHIGOTO_DATABASE_URL": db_url,
+            "PYTHONUNBUFFERED": "1",
+            "SHIGOTO_LOG_LEVEL": "info",  # the shutdown test watches for the "stopping" line
+        }
+        cmd = [
+            sys.executable, "-m", "shigoto.cli", "run", "--queue", queue,
+            "--import", WORKERS, "--poll-interval", "0.2", *extra,
+        ]  # fmt: skip
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text("utf-8", errors="replace")
+
+    def signal(self, sig: int) -> None:
+        assert self.proc.poll() is None, f"runner died early:\n{self.output()}"
+        self.proc.send_signal(sig)
+
+    def wait_exit(self, timeout: float = 45.0) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"runner did not exit within {timeout:g} s:\n{self.output()}")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()
+
+
+@pytest.fixture
+def start_runner(db_url: str, tmp_path: Path) -> Iterator[Callable[..., RunnerProcess]]:
+    started: list[RunnerProcess] = []
+
+    def start(*extra: str, queue: str = "default=5") -> RunnerProcess:
+        runner = RunnerProcess(db_url, tmp_path / f"runner-{len(started)}.log", *extra, queue=queue)
+        started.append(runner)
+        return runner
+
+    yield start
+    for runner in started:
+        runner.close()
+
+
+def job_row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
+    cur = conn.execute(
+        "SELECT state, attempt, attempted_by, errors, result FROM shigoto_jobs WHERE id = %s",
+        (job_id,),
+    )
+    row = cur.fetchone()
+    assert row is not None, f"job {job_id} is gone"
+    return dict(zip(["state", "attempt", "attempted_by", "errors", "result"], row, strict=True))
+
+
+def started(marker: Path) -> bool:
+    return Path(f"{marker}.started").exists()
+
+
+def done(marker: Path) -> bool:
+    return Path(f"{marker}.done").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_lets_the_in_flight_job_finish_and_claims_nothing_new(
+    sig: int, start_runner: Callable[..., RunnerProcess], conn: psycopg.Connection[Any],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    marker = tmp_path / "in-flight"
+    # The highest priority runs first; the queue has one slot, so the others must wait behind it.
+    first = shigoto.enqueue(f"{WORKERS}.gated", {"marker": str(marker)}, priority=10)
+    waiting = [
+        shigoto.enqueue(f"{WORKERS}.sleepy", {"marker": str(tmp_path / f"w{i}"), "seconds": 0})
+        for i in range(3)
+    ]
+    runner = start_runner("--shutdown-timeout", "30", queue="default=1")
+
+    wait_until(lambda: started(marker), what="the first job to start")
+    runner.signal(sig)
+    # Only once the runner has begun its shutdown does the in-flight job finish: a slot frees
+    # up while jobs wait, and the runner must not take one.
+    wait_until(lambda: "stopping" in runner.output(), what="the runner to begin its shutdown")
+    Path(f"{marker}.release").touch()
+
+    code = runner.wait_exit()
+    assert code == 0, runner.output()
+    assert "Traceback" not in runner.output()
+    assert done(marker), "the in-flight perform did not run to its end"
+    row = job_row(conn, first.id)
+    assert row["state"] == "completed", runner.output()
+    assert row["attempt"] == 1
+    assert row["result"] == "released"
+    for i, job in enumerate(waiting):
+        row = job_row(conn, job.id)
+        assert (row["state"], row["attempt"], row["attempted_by"]) == ("available", 0, None)
+        assert not started(tmp_path / f"w{i}")
+    nodes = conn.execute("SELECT id FROM shigoto_nodes").fetchall()
+    assert nodes == [], "the runner did not unregister its node"
+
+
+@pytest.mark.parametrize(
+    ("worker", "sig"),
+    [
+        ("async_sleepy", signal.SIGTERM),
+        ("sleepy", signal.SIGTERM),
+        ("async_sleepy", signal.SIGINT),
+        ("sleepy", signal.SIGINT),
+    ],
+    ids=["async-SIGTERM", "sync-SIGTERM", "async-SIGINT", "sync-SIGINT"],
+)
+def test_job_past_the_shutdown_timeout_is_put_back_without_consuming_an_attempt(
+    worker: str, sig: int, start_runner: Callable[..., RunnerProcess],
+    conn: psycopg.Connection[Any], tmp_path: Path,
+) -> None:  # fmt: skip
+    marker = tmp_path / "long"
+    job = shigoto.enqueue(f"{WORKERS}.{worker}", {"marker": str(marker), "seconds": 30})
+    runner = start_runner("--shutdown-timeout", "1")
+
+    wait_until(lambda: started(marker), what="the long job to start")
+    assert job_row(conn, job.id)["state"] == "executing"
+    runner.signal(sig)
+
+    # Far less than the 30 s perform: the runner gave up on it at the shutdown timeout.
+    code = runner.wait_exit(timeout=20)
+    assert code == 0, runner.output()
+    assert "Traceback" not in runner.output()
+    assert not done(marker)
+    row = job_row(conn, job.id)
+    assert row["state"] == "available", runner.output()
+    assert row["attempt"] == 0, "the interrupted attempt was consumed"
+    assert row["attempted_by"] is None
+    assert row["errors"] == []
+
+
+def test_put_back_job_runs_again_on_the_next_runner(
+    start_runner: Callable[..., RunnerProcess], conn: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    """A job handed back at shutdown is picked up by the next runner, as its first attempt."""
+    marker = tmp_path / "again"
+    job = shigoto.enqueue(f"{WORKERS}.async_sleepy", {"marker": str(marker), "seconds": 30})
+    first = start_runner("--shutdown-timeout", "1")
+    wait_until(lambda: started(marker), what="the job to start")
+    first.signal(signal.SIGTERM)
+    assert first.wait_exit() == 0, first.output()
+    assert job_row(conn, job.id)["state"] == "available"
+
+    Path(f"{marker}.started").unlink()
+    # Shorten the perform for the second runner: args are the job's own, so edit the row.
+    conn.execute(
+        "UPDATE shigoto_jobs SET args = jsonb_set(args, '{seconds}', '0') WHERE id = %s",
+        (job.id,),
+    )
+    second = start_runner()
+    wait_until(lambda: job_row(conn, job.id)["state"] == "completed", what="the job to complete")
+    row = job_row(conn, job.id)
+    assert row["attempt"] == 1
+    second.signal(signal.SIGTERM)
+    assert second.wait_exit() == 0, second.output()

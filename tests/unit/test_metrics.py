@@ -1,0 +1,97 @@
+"""Runner metrics without a database: telemetry events in, Prometheus samples out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import shigoto
+from shigoto import telemetry
+from shigoto.job import Job, JobState
+from shigoto.metrics import RunnerMetrics
+
+NODE = "node-a"
+
+
+def job(worker: str = "app.work", queue: str = "q") -> Job:
+    return Job(id=1, queue=queue, worker=worker, args={}, state=JobState.EXECUTING)
+
+
+def meta(**extra: Any) -> dict[str, Any]:
+    return {"job": job(), "node": NODE, **extra}
+
+
+def value(metrics: RunnerMetrics, name: str, **labels: str) -> float | None:
+    text = metrics.exposition().decode()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return None
+
+
+def test_each_outcome_event_increments_its_counter() -> None:
+    m = RunnerMetrics(NODE, process_metrics=False)
+    m.handle("job.stop", {"duration": 0.2}, meta(result=None))
+    m.handle("job.stop", {"duration": 0.3}, meta(result=None))
+    m.handle("job.snooze", {"duration": 0.1, "snooze": 5}, meta())
+    m.handle("job.cancel", {"duration": 0.1}, meta(reason="no"))
+    labels = {"queue": "q", "worker": "app.work"}
+    assert value(m, "shigoto_jobs_completed_total", **labels) == 2
+    assert value(m, "shigoto_jobs_snoozed_total", **labels) == 1
+    assert value(m, "shigoto_jobs_cancelled_total", **labels) == 1
+    assert value(m, "shigoto_job_duration_seconds_count", **labels) == 4
+    assert value(m, "shigoto_job_duration_seconds_sum", **labels) == pytest.approx(0.7)
+
+
+def test_a_final_failure_counts_as_failed_and_discarded_but_is_timed_once() -> None:
+    m = RunnerMetrics(NODE, process_metrics=False)
+    error = RuntimeError("boom")
+    m.handle("job.exception", {"duration": 1.0}, meta(error=error, kind="failure"))
+    m.handle("job.discard", {"duration": 1.0}, meta(error=error))
+    m.handle("job.discard", {"duration": 0.5}, meta(error=shigoto.Discard("on purpose")))
+    labels = {"queue": "q", "worker": "app.work"}
+    assert value(m, "shigoto_jobs_failed_total", **labels) == 1
+    assert value(m, "shigoto_jobs_discarded_total", **labels) == 2
+    assert value(m, "shigoto_job_duration_seconds_count", **labels) == 2
+
+
+def test_events_of_other_nodes_and_other_events_are_ignored() -> None:
+    m = RunnerMetrics(NODE, process_metrics=False)
+    m.handle("job.stop", {"duration": 0.1}, {"job": job(), "node": "node-b", "result": 1})
+    m.handle("producer.claim", {"count": 3}, {"queue": "q", "node": NODE})
+    assert value(m, "shigoto_jobs_completed_total") is None
+
+
+def test_metrics_follow_telemetry_only_while_attached() -> None:
+    m = RunnerMetrics(NODE, process_metrics=False)
+    m.attach()
+    m.attach()  # idempotent: one subscription
+    try:
+        telemetry.emit("job.stop", {"duration": 0.1}, meta(result=None))
+    finally:
+        m.detach()
+    telemetry.emit("job.stop", {"duration": 0.1}, meta(result=None))
+    assert value(m, "shigoto_jobs_completed_total", queue="q", worker="app.work") == 1
+
+
+def test_queue_depth_exports_every_state_and_drops_vanished_pairs_to_zero() -> None:
+    m = RunnerMetrics(NODE, process_metrics=False)
+    m.set_depth([("q", "available", 3), ("q", "completed", 10), ("r", "executing", 1)])
+    assert value(m, "shigoto_queue_depth", queue="q", state="available") == 3
+    assert value(m, "shigoto_queue_depth", queue="q", state="retryable") == 0
+    assert value(m, "shigoto_queue_depth", queue="r", state="executing") == 1
+    m.set_depth([("q", "completed", 13)])
+    assert value(m, "shigoto_queue_depth", queue="q", state="available") == 0
+    assert value(m, "shigoto_queue_depth", queue="q", state="completed") == 13
+    assert value(m, "shigoto_queue_depth", queue="r", state="executing") == 0
+
+
+def test_two_runners_in_one_process_keep_separate_registries() -> None:
+    a, b = RunnerMetrics("a"), RunnerMetrics("b")  # no "duplicated timeseries" error
+    a.handle("job.stop", {"duration": 0.1}, {"job": job(), "node": "a", "result": None})
+    assert value(a, "shigoto_jobs_completed_total", queue="q") == 1
+    assert value(b, "shigoto_jobs_completed_total", queue="q") is None
+    assert b"process_cpu_seconds_total" in b.exposition() or b"python_info" in b.exposition()

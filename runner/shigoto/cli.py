@@ -225,7 +225,7 @@ def _run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(runner.stop()))
         health_server = None
         if args.health_port is not None:  # 0 is valid: any free port, logged at start
-            from shigoto.health import HealthServer
+            from shigoto.probes import HealthServer
 
             health_server = HealthServer(runner, port=int(args.health_port))
             await health_server.start()

@@ -3,17 +3,19 @@
 Standard 5-field cron as croniter reads it (day-of-month and day-of-week OR-ed when both are
 restricted, out-of-range values rejected, never clamped), plus the `@hourly`-style aliases.
 Slots are computed in the schedule's IANA time zone, so daylight-saving changes behave as a
-person reading the expression expects.
+person reading the expression expects: a slot in the hour skipped in spring runs once, right
+after the gap; a fixed-time slot in the hour repeated in autumn runs once, at its first pass.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 from shigoto.errors import ValidationError
 
@@ -44,14 +46,39 @@ class CronSpec:
     def next_after(self, moment: datetime) -> datetime:
         """The first slot strictly after `moment`, in UTC."""
         it = croniter(self.fields, moment.astimezone(self.zone))
-        return it.get_next(datetime).astimezone(UTC)
+        while True:
+            slot = it.get_next(datetime).astimezone(UTC)
+            if self._fires(slot):
+                return slot
+
+    def before(self, moment: datetime) -> Iterator[datetime]:
+        """Slots strictly before `moment`, newest first, in UTC."""
+        it = croniter(self.fields, moment.astimezone(self.zone))
+        while True:
+            slot = it.get_prev(datetime).astimezone(UTC)
+            if self._fires(slot):
+                yield slot
 
     def latest_at_or_before(self, moment: datetime) -> datetime:
         """The newest slot at or before `moment`, in UTC."""
         local = moment.astimezone(self.zone)
         if croniter.match(self.fields, local):
-            return local.replace(second=0, microsecond=0).astimezone(UTC)
-        return croniter(self.fields, local).get_prev(datetime).astimezone(UTC)
+            slot = local.replace(second=0, microsecond=0).astimezone(UTC)
+            if self._fires(slot):
+                return slot
+        return next(self.before(moment))
+
+    def _fires(self, slot: datetime) -> bool:
+        """False for the second pass of a fixed-time slot through a repeated (fall-back) hour.
+
+        As in classic cron, `30 2 * * *` runs once on the day 02:30 happens twice; a minute or
+        hour wildcard (`*/15 * * * *`, `30 * * * *`) runs in both passes, which are real hours.
+        """
+        minute, hour = self.fields.split()[:2]
+        if minute.startswith("*") or hour.startswith("*"):
+            return True
+        wall = slot.astimezone(self.zone).replace(tzinfo=None)
+        return wall.replace(tzinfo=self.zone, fold=0).astimezone(UTC) >= slot
 
 
 def parse(expression: str, timezone: str = "UTC") -> CronSpec:
@@ -74,6 +101,13 @@ def parse(expression: str, timezone: str = "UTC") -> CronSpec:
             "schedule", f"{expression!r} is not a valid cron expression (a value out of range, "
             "e.g. minute 0-59, hour 0-23, day 1-31, month 1-12, weekday 0-7)",
         )  # fmt: skip
+    try:  # in range field by field, yet a date that never comes, like February 30
+        croniter(fields, datetime(2000, 1, 1, tzinfo=UTC)).get_next(datetime)
+    except CroniterBadDateError:
+        raise ValidationError(
+            "schedule", f"{expression!r} never fires: no month has that day; check the "
+            "day-of-month and month fields",
+        ) from None  # fmt: skip
     try:
         ZoneInfo(timezone)
     except (ZoneInfoNotFoundError, ValueError, TypeError):
@@ -107,15 +141,13 @@ def due_slots(
     if catch_up == "none":
         current = now.replace(second=0, microsecond=0)
         return [newest] if newest >= current else []
-    slots: list[datetime] = []
-    moment = last_slot
-    while True:
-        moment = spec.next_after(moment)
-        if moment > now:
+    # walk back from the newest: the cost is bounded by `limit`, not by the length of downtime
+    slots = [newest]
+    for slot in spec.before(newest):
+        if slot <= last_slot or len(slots) >= limit:
             break
-        slots.append(moment)
-        if len(slots) > limit:
-            slots.pop(0)
+        slots.append(slot)
+    slots.reverse()
     return slots
 
 

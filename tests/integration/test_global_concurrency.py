@@ -58,16 +58,17 @@ def test_three_runners_never_exceed_global_limit_and_reach_it(db_url: str, conn)
     conn.execute(
         "CREATE TABLE overlap_log (job_id bigint, pid int, started timestamptz, ended timestamptz)"
     )
+    total = 200
     shigoto.enqueue_many(
         [{"worker": "tests.support.limit_workers.record_interval", "args": {"ms": 100},
-          "queue": "limited"} for _ in range(90)]
+          "queue": "limited"} for _ in range(total)]
     )  # fmt: skip
     procs = [start_runner(db_url) for _ in range(3)]
     try:
-        # Kill one runner while it is executing limited jobs: its session (and slots) die.
+        # Once all three runners have taken part, kill one: its session (and slots) die.
+        wait_for(lambda: count(conn, "SELECT count(DISTINCT pid) FROM overlap_log") == 3,
+                 timeout=90)  # fmt: skip
         victim = procs[0]
-        wait_for(lambda: count(conn, "SELECT count(*) FROM overlap_log WHERE pid = %s",
-                               victim.pid) >= 2)  # fmt: skip
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)
         killed_at = conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
@@ -91,7 +92,7 @@ def test_three_runners_never_exceed_global_limit_and_reach_it(db_url: str, conn)
     # Every job not stranded on the killed runner completed exactly once.
     stranded = count(conn, "SELECT count(*) FROM shigoto_jobs WHERE state = 'executing'")
     completed = count(conn, "SELECT count(*) FROM shigoto_jobs WHERE state = 'completed'")
-    assert completed + stranded == 90
+    assert completed + stranded == total
     ran_twice = "SELECT count(*) FROM (SELECT job_id FROM overlap_log GROUP BY job_id " \
         "HAVING count(*) > 1) AS d"
     assert count(conn, ran_twice) == 0

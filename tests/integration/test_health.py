@@ -20,8 +20,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import shigoto
-from shigoto.health import HealthServer, probe_database
 from shigoto.migrate import latest_version
+from shigoto.probes import HealthServer, probe_database
 
 QUEUE = "default"
 

@@ -33,7 +33,7 @@ from shigoto._service import Service
 from shigoto.metrics import RunnerMetrics
 from shigoto.migrate import current_version, latest_version
 
-log = logging.getLogger("shigoto.health")
+log = logging.getLogger("shigoto.probes")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,262 @@
+"""Rescue of the jobs of dead runners: a real `shigoto run` process is SIGKILLed mid-job and an
+in-process runner (the leader) puts its jobs back; a live, heartbeating runner is never robbed.
+
+Every wait polls a condition under a generous deadline; nothing asserts how long anything took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import shigoto
+from shigoto.rescuer import rescue_state
+from shigoto.worker import DEFAULT_MAX_ATTEMPTS
+from tests.support import rescue_workers
+from tests.support.waiting import row, until
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKERS = "tests.support.rescue_workers"
+STALL = rescue_workers.stall.name
+DEADLINE = 30.0
+
+#: Short intervals so a dead node is noticed within seconds (rescue_after must exceed heartbeat).
+FAST = {
+    "heartbeat_interval": 0.5, "rescue_after": 2.0, "rescue_interval": 0.3,
+    "poll_interval": 0.2, "leader_interval": 0.2, "shutdown_timeout": 5.0,
+}  # fmt: skip
+
+
+# -- rescue_state (pure) --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("attempt", "max_attempts", "expected"),
+    [(1, 3, "available"), (2, 3, "available"), (3, 3, "discarded"), (4, 3, "discarded"),
+     (1, 1, "discarded"), (0, 1, "available")],
+)  # fmt: skip
+def test_rescue_state_counts_the_lost_attempt(
+    attempt: int, max_attempts: int, expected: str
+) -> None:
+    assert rescue_state(attempt, max_attempts, "any.worker") == expected
+
+
+def test_rescue_state_falls_back_to_the_workers_own_max_attempts() -> None:
+    name = rescue_workers.two_attempts.name
+    assert rescue_state(1, None, name) == "available"
+    assert rescue_state(2, None, name) == "discarded"
+    # the job's own max_attempts wins over the worker's
+    assert rescue_state(2, 5, name) == "available"
+
+
+def test_rescue_state_of_an_unknown_worker_uses_the_default_max_attempts() -> None:
+    assert rescue_state(DEFAULT_MAX_ATTEMPTS - 1, None, "not.imported.here") == "available"
+    assert rescue_state(DEFAULT_MAX_ATTEMPTS, None, "not.imported.here") == "discarded"
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+class RunnerProcess:
+    """A `shigoto run` subprocess whose output goes to a log file (shown when a test fails)."""
+
+    def __init__(self, db_url: str, log_path: Path) -> None:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "SHIGOTO_DATABASE_URL": db_url,
+            "PYTHONUNBUFFERED": "1",
+        }
+        cmd = [sys.executable, "-m", "shigoto.cli", "run", "--queue", "default=2",
+               "--import", WORKERS, "--poll-interval", "0.2"]  # fmt: skip
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text("utf-8", errors="replace")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+        self._log.close()
+
+
+@pytest.fixture
+def runner_process(db_url: str, tmp_path: Path) -> Iterator[Callable[[], RunnerProcess]]:
+    made: list[RunnerProcess] = []
+
+    def start() -> RunnerProcess:
+        p = RunnerProcess(db_url, tmp_path / f"runner-{len(made)}.log")
+        made.append(p)
+        return p
+
+    yield start
+    for p in made:
+        p.close()
+
+
+@pytest.fixture
+async def in_process(db_url: str) -> AsyncIterator[Callable[..., Any]]:
+    """Start in-process runners with FAST settings; all are stopped after the test."""
+    running: list[tuple[shigoto.Runner, asyncio.Task[None]]] = []
+    rescue_workers.reset()
+
+    async def start(queues: dict[str, int], **overrides: Any) -> shigoto.Runner:
+        runner = shigoto.Runner(queues, imports=[WORKERS], **{**FAST, **overrides})
+        task = asyncio.create_task(runner.run())
+        running.append((runner, task))
+        await until(lambda: runner.ready.is_set() or task.done(), timeout=DEADLINE,
+                    message="runner ready")  # fmt: skip
+        assert not task.done(), f"runner exited early: {task.exception()!r}"
+        return runner
+
+    yield start
+    rescue_workers.release()
+    for runner, _ in running:
+        await runner.stop()
+    await asyncio.wait_for(asyncio.gather(*(t for _, t in running)), DEADLINE)
+
+
+def rescue_errors(job: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in job["errors"] if "rescued from node" in e["error"]]
+
+
+# -- a killed runner ------------------------------------------------------------------------
+
+
+async def test_jobs_of_a_sigkilled_runner_are_rescued_and_rerun(
+    db_url: str,
+    conn: psycopg.Connection,
+    tmp_path: Path,
+    runner_process: Callable[[], RunnerProcess],
+    in_process: Callable[..., Any],
+) -> None:
+    marker_a, marker_b = str(tmp_path / "a"), str(tmp_path / "b")
+    retried = shigoto.enqueue(STALL, {"marker": marker_a, "seconds": 60}, max_attempts=3)
+    exhausted = shigoto.enqueue(STALL, {"marker": marker_b, "seconds": 60}, max_attempts=1)
+
+    proc = runner_process()
+    started = (rescue_workers.marker_path(marker_a, 1), rescue_workers.marker_path(marker_b, 1))
+    await until(lambda: all(p.exists() for p in started) or proc.proc.poll() is not None,
+                timeout=DEADLINE, message="both jobs started in the subprocess")  # fmt: skip
+    assert proc.proc.poll() is None, f"runner died early:\n{proc.output()}"
+    assert {p.read_text("utf-8") for p in started} == {str(proc.proc.pid)}
+    before = [row(conn, retried.id), row(conn, exhausted.id)]
+    dead_node = before[0]["attempted_by"]
+    assert dead_node and all(
+        (j["state"], j["attempt"], j["attempted_by"]) == ("executing", 1, dead_node) for j in before
+    )
+
+    proc.proc.send_signal(signal.SIGKILL)
+    assert proc.proc.wait(30) == -signal.SIGKILL
+    assert row(conn, retried.id)["state"] == "executing", "nobody rescues without a live leader"
+
+    runner = await in_process({"default": 2})
+    await until(
+        lambda: row(conn, retried.id)["state"] == "completed"
+        and row(conn, exhausted.id)["state"] == "discarded",
+        timeout=DEADLINE, message="both jobs rescued, one re-run, one discarded",
+    )  # fmt: skip
+
+    job = row(conn, retried.id)
+    assert job["attempt"] == 2, "the lost attempt stays counted"
+    assert job["attempted_by"] == runner.node
+    assert job["result"] == {"attempt": 2, "pid": os.getpid()}
+    assert rescue_workers.marker_path(marker_a, 2).read_text("utf-8") == str(os.getpid())
+    [error] = job["errors"]
+    assert error["attempt"] == 1
+    assert "rescued from node" in error["error"] and dead_node in error["error"]
+    assert set(error) >= {"attempt", "at", "error", "traceback"}
+
+    gone = row(conn, exhausted.id)
+    assert gone["attempt"] == 1 and gone["finished_at"] is not None
+    [error] = gone["errors"]
+    assert error["attempt"] == 1
+    assert "rescued from node" in error["error"] and dead_node in error["error"]
+    assert not rescue_workers.marker_path(marker_b, 2).exists(), "never run again"
+
+
+# -- a live runner --------------------------------------------------------------------------
+
+
+async def test_a_live_runners_executing_job_is_never_rescued(
+    db_url: str, conn: psycopg.Connection, in_process: Callable[..., Any]
+) -> None:
+    leader = await in_process({"default": 1})
+    await until(lambda: leader.elector.is_leader, timeout=DEADLINE, message="first runner leads")
+    worker = await in_process({"live": 1})
+    assert not worker.elector.is_leader
+
+    live = shigoto.enqueue(rescue_workers.held.name, {}, queue="live", max_attempts=1)
+    await until(lambda: row(conn, live.id)["state"] == "executing", timeout=DEADLINE,
+                message="live job executing")  # fmt: skip
+    assert row(conn, live.id)["attempted_by"] == worker.node
+
+    # Let the live job grow older than rescue_after (2 s), while its node keeps heartbeating.
+    def old_and_heartbeating() -> bool:
+        found = conn.execute(
+            "SELECT j.attempted_at < now() - interval '3 seconds' "
+            "AND n.last_seen_at > j.attempted_at + interval '1 second' "
+            "FROM shigoto_jobs j JOIN shigoto_nodes n ON n.id = j.attempted_by WHERE j.id = %s",
+            (live.id,),
+        ).fetchone()
+        return bool(found and found[0])
+
+    await until(old_and_heartbeating, timeout=DEADLINE, message="live job old, node fresh")
+
+    # Jobs of nodes that really are dead, to prove the rescuer is looking right now.
+    conn.execute(
+        "INSERT INTO shigoto_nodes (id, hostname, pid, last_seen_at) "
+        "VALUES ('stale-node', 'gone-host', 1, now() - interval '1 hour')"
+    )
+    ghosts = {}
+    for node, attempt, max_attempts, worker_name in [
+        ("ghost-node", 1, 3, STALL),  # no node row at all
+        ("stale-node", 1, 3, STALL),  # a node row that stopped heartbeating
+        ("stale-node", 3, 3, STALL),  # attempts used up
+        ("ghost-node", 2, None, rescue_workers.two_attempts.name),  # worker's own limit: 2
+        ("ghost-node", 1, None, "not.imported.anywhere"),  # default limit
+    ]:
+        found = conn.execute(
+            "INSERT INTO shigoto_jobs (queue, worker, state, attempt, max_attempts, "
+            "attempted_at, attempted_by) VALUES ('unserved', %s, 'executing', %s, %s, "
+            "now() - interval '1 hour', %s) RETURNING id",
+            (worker_name, attempt, max_attempts, node),
+        ).fetchone()
+        assert found is not None
+        ghosts[found[0]] = node
+
+    await until(lambda: all(row(conn, i)["state"] != "executing" for i in ghosts),
+                timeout=DEADLINE, message="dead nodes' jobs rescued")  # fmt: skip
+    states = [row(conn, i)["state"] for i in ghosts]
+    assert states == ["available", "available", "discarded", "discarded", "available"]
+    for job_id, node in ghosts.items():
+        [error] = rescue_errors(row(conn, job_id))
+        assert node in error["error"]
+    assert conn.execute(
+        "SELECT count(*) FROM shigoto_nodes WHERE id = 'stale-node'"
+    ).fetchone() == (0,), "a long-dead node is forgotten"
+
+    job = row(conn, live.id)
+    assert (job["state"], job["attempt"], job["errors"]) == ("executing", 1, [])
+    assert job["attempted_by"] == worker.node
+
+    rescue_workers.release()
+    await until(lambda: row(conn, live.id)["state"] == "completed", timeout=DEADLINE,
+                message="live job completes")  # fmt: skip
+    job = row(conn, live.id)
+    assert (job["attempt"], job["errors"], job["result"]) == (1, [], "released")

@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(BIN)/shigoto demo
 
 test: $(STAMP)
-	$(BIN)/ruff check runner tests
+	$(BIN)/ruff check runner operator tests
 	$(BIN)/pytest -q
 
 bench: $(STAMP)

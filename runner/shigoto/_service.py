@@ -13,6 +13,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+#: How often (seconds, at most) a leader-only service that is not leader asks again. Without it,
+#: a runner elected just after its first tick would wait a whole interval (the pruner's is an
+#: hour) before doing the work, and one restarted more often than that would never do it.
+LEADER_RECHECK = 1.0
+
 
 class Service:
     name = "service"
@@ -28,13 +33,16 @@ class Service:
 
     async def run(self) -> None:
         while not self._stop.is_set():
+            wait = self.interval
             try:
                 if self.leader_check is None or self.leader_check():
                     await self.run_once()
+                else:
+                    wait = min(self.interval, LEADER_RECHECK)
             except Exception as exc:
                 self.log.warning("%s tick failed: %s", self.name, exc)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self.interval)
+                await asyncio.wait_for(self._stop.wait(), wait)
 
     def stop(self) -> None:
         self._stop.set()

@@ -6,16 +6,40 @@ stay thin copies of each other.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.pq import TransactionStatus
+from psycopg.rows import tuple_row
+from psycopg.types.string import StrBinaryDumper
 
 from shigoto import _sql, config, database, jobspec
-from shigoto.job import Job
+from shigoto.job import Job, JobState
 from shigoto.jobspec import JobSpec
+
+#: Column types of `copy_jobs`, in order. A binary COPY with fixed types skips the per-value
+#: dumper lookup and text escaping, and is cheaper for the server to parse.
+_COPY_TYPES = (
+    "int8", "text", "text", "jsonb", "text", "int4", "int4", "float8", "timestamptz",
+    "timestamptz", "text[]", "jsonb",
+)  # fmt: skip
+
+
+class _JsonTextDumper(StrBinaryDumper):
+    """JSON text validated and serialised by `jobspec`, in jsonb's binary format (a version
+    byte, then the text), so it is not serialised a second time."""
+
+    oid = psycopg.postgres.types["jsonb"].oid
+
+    def dump(self, obj: str) -> bytes:
+        return b"\x01" + obj.encode(self._encoding)
+
+
+def _prepare_copy(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
+    cur.adapters.register_dumper(None, _JsonTextDumper)  # by oid only: COPY's set_types
 
 
 def _state_and_time(spec: JobSpec, now: datetime) -> tuple[str, datetime]:
@@ -34,22 +58,41 @@ def _copy_rows(specs: list[JobSpec], ids: list[int], now: datetime) -> list[tupl
     return rows
 
 
-def _jobs_from_rows(specs: list[JobSpec], rows: list[tuple[Any, ...]]) -> list[Job]:
-    import json
+def _parse(text: str) -> Any:
+    return {} if text == "{}" else json.loads(text)
 
-    jobs = []
-    for spec, row in zip(specs, rows, strict=True):
-        jobs.append(Job(
-            id=row[0], queue=spec.queue, worker=spec.worker, args=json.loads(spec.args_json),
-            state=row[4], priority=spec.priority, max_attempts=spec.max_attempts,
-            timeout=spec.timeout, scheduled_at=row[8], inserted_at=row[9], tags=spec.tags,
-            meta=json.loads(spec.meta_json),
-        ))  # fmt: skip
-    return jobs
+
+def _job(
+    spec: JobSpec, job_id: int, state: str, scheduled_at: datetime, inserted_at: datetime
+) -> Job:
+    """The job just inserted, from what was sent plus what the database assigned: cheaper
+    than reading the whole row back and parsing its JSON."""
+    return Job(
+        id=job_id, queue=spec.queue, worker=spec.worker, args=_parse(spec.args_json),
+        state=JobState(state), priority=spec.priority, max_attempts=spec.max_attempts,
+        timeout=spec.timeout, scheduled_at=scheduled_at, inserted_at=inserted_at,
+        tags=spec.tags, meta=_parse(spec.meta_json),
+    )  # fmt: skip
+
+
+def _jobs_from_rows(specs: list[JobSpec], rows: list[tuple[Any, ...]]) -> list[Job]:
+    pairs = zip(specs, rows, strict=True)
+    return [_job(spec, row[0], row[4], row[8], row[9]) for spec, row in pairs]
 
 
 def _wake_queues(specs: list[JobSpec], rows: list[tuple[Any, ...]]) -> list[str]:
     return sorted({row[1] for row in rows if row[4] == "available"})
+
+
+def _caller_commits(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the caller's transaction, not ours, must make a batch atomic.
+
+    On a non-autocommit connection with no transaction open yet, `conn.transaction()` would
+    BEGIN and COMMIT on its own, committing the caller's work behind its back. There our first
+    statement opens the caller's implicit transaction instead: a failure aborts it, so nothing
+    of the batch can be committed, and the caller decides when to commit.
+    """
+    return not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
 
 
 # -- sync ----------------------------------------------------------------------------------
@@ -86,11 +129,11 @@ def enqueue(
 
 
 def _insert_one(conn: psycopg.Connection[Any], stmts: _sql.Statements, spec: JobSpec) -> Job:
-    with conn.cursor(row_factory=dict_row) as cur:
+    with conn.cursor(row_factory=tuple_row) as cur:  # whatever the caller's row factory
         cur.execute(stmts.insert_one, spec.as_params())
         row = cur.fetchone()
     assert row is not None
-    return Job.from_row(row)
+    return _job(spec, *row[:4])
 
 
 def enqueue_many(
@@ -106,7 +149,9 @@ def enqueue_many(
         return []
     stmts = _sql.statements(config.schema(schema))
     if conn is not None:
-        with conn.transaction():
+        if _caller_commits(conn):
+            return _insert_many(conn, stmts, specs)
+        with conn.transaction():  # a savepoint inside the caller's transaction, else our own
             return _insert_many(conn, stmts, specs)
     with database.sync_pool(config.database_url(database_url)).connection() as c, c.transaction():
         return _insert_many(c, stmts, specs)
@@ -121,13 +166,17 @@ def _insert_many(
         assert reserved is not None
         now, ids = reserved
         rows = _copy_rows(specs, ids, now)
+        _prepare_copy(cur)
         with cur.copy(stmts.copy_jobs) as copy:
+            copy.set_types(_COPY_TYPES)
             for row in rows:
                 copy.write_row(row)
+            # Built while the server is still digesting the rows sent so far.
+            jobs = _jobs_from_rows(specs, rows)
         wake = _wake_queues(specs, rows)
         if wake:
             cur.execute(stmts.notify_queues, {"queues": wake})
-    return _jobs_from_rows(specs, rows)
+    return jobs
 
 
 # -- async ---------------------------------------------------------------------------------
@@ -167,11 +216,11 @@ async def aenqueue(
 async def _ainsert_one(
     conn: psycopg.AsyncConnection[Any], stmts: _sql.Statements, spec: JobSpec
 ) -> Job:
-    async with conn.cursor(row_factory=dict_row) as cur:
+    async with conn.cursor(row_factory=tuple_row) as cur:  # whatever the caller's row factory
         await cur.execute(stmts.insert_one, spec.as_params())
         row = await cur.fetchone()
     assert row is not None
-    return Job.from_row(row)
+    return _job(spec, *row[:4])
 
 
 async def aenqueue_many(
@@ -187,7 +236,9 @@ async def aenqueue_many(
         return []
     stmts = _sql.statements(config.schema(schema))
     if conn is not None:
-        async with conn.transaction():
+        if _caller_commits(conn):
+            return await _ainsert_many(conn, stmts, specs)
+        async with conn.transaction():  # a savepoint inside the caller's transaction, else our own
             return await _ainsert_many(conn, stmts, specs)
     pool = await database.async_pool(config.database_url(database_url))
     async with pool.connection() as c, c.transaction():
@@ -203,10 +254,14 @@ async def _ainsert_many(
         assert reserved is not None
         now, ids = reserved
         rows = _copy_rows(specs, ids, now)
+        _prepare_copy(cur)
         async with cur.copy(stmts.copy_jobs) as copy:
+            copy.set_types(_COPY_TYPES)
             for row in rows:
                 await copy.write_row(row)
+            # Built while the server is still digesting the rows sent so far.
+            jobs = _jobs_from_rows(specs, rows)
         wake = _wake_queues(specs, rows)
         if wake:
             await cur.execute(stmts.notify_queues, {"queues": wake})
-    return _jobs_from_rows(specs, rows)
+    return jobs

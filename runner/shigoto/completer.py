@@ -41,6 +41,23 @@ def batch_params(batch: list[Completion], node: str) -> dict[str, Any]:
     }
 
 
+def _literal(values: list[Any]) -> str:
+    """A PostgreSQL array literal of ints, bools or state names, none of which needs quoting.
+
+    psycopg dumps a list element by element in Python (about 1.5 us each); for the id,
+    attempt, state and snooze arrays of a batch, one join is much cheaper.
+    """
+    return "{" + ",".join([("t" if v else "f") if isinstance(v, bool) else str(v)
+                           for v in values]) + "}"  # fmt: skip
+
+
+def wire_params(params: dict[str, Any]) -> dict[str, Any]:
+    """`batch_params` as sent: the arrays that need no quoting go as literals (the statement
+    casts every array, so either form is accepted)."""
+    plain = ("ids", "attempts", "states", "snoozes")
+    return {k: _literal(v) if k in plain else v for k, v in params.items()}
+
+
 class Completer:
     def __init__(self, pool: AsyncConnectionPool, stmts: _sql.Statements, node: str) -> None:
         self.pool = pool
@@ -84,7 +101,9 @@ class Completer:
             try:
                 acknowledged = await self._write(batch)
             except Exception as exc:
-                telemetry.emit("completer.error", {"attempt": attempt}, {"node": self.node, "error": exc})
+                telemetry.emit(
+                    "completer.error", {"attempt": attempt}, {"node": self.node, "error": exc}
+                )
                 log.warning(
                     "could not record %d completions (try %d), retrying in %.1fs: %s",
                     len(batch), attempt, delay, exc, extra={"node": self.node},
@@ -102,7 +121,8 @@ class Completer:
 
     async def _write(self, batch: list[Completion]) -> int:
         async with self.pool.connection() as conn:
-            cur = await conn.execute(self.stmts.complete, batch_params(batch, self.node))
+            params = wire_params(batch_params(batch, self.node))
+            cur = await conn.execute(self.stmts.complete, params)
             return cur.rowcount
 
     async def drain(self, timeout: float) -> bool:

@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from shigoto import telemetry
@@ -42,7 +43,9 @@ class Completion:
     snooze: bool = False
 
 
-def error_entry(attempt: int, error: BaseException, *, with_traceback: bool = True) -> dict[str, Any]:
+def error_entry(
+    attempt: int, error: BaseException, *, with_traceback: bool = True
+) -> dict[str, Any]:
     """One element of `errors`; the database adds `at` with its own clock."""
     message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
     tb = "".join(traceback.format_exception(error)) if with_traceback else ""
@@ -112,20 +115,20 @@ class JobExecutor:
             _progress_sink=self._progress_sink(job),
         )  # fmt: skip
         token = set_current(ctx)
+        # Only this deadline's expiry is a job timeout: a TimeoutError the perform raises itself
+        # (an HTTP client's, say) is an ordinary failure and must be recorded as such.
+        deadline = asyncio.timeout(timeout)
         try:
-            if worker.is_async:
-                try:
-                    async with asyncio.timeout(timeout):
-                        return await worker.call(job.args)
-                except TimeoutError as exc:
-                    raise JobTimeoutError(timeout) from exc
-            loop = asyncio.get_running_loop()
-            call = contextvars.copy_context().run
-            future = loop.run_in_executor(self.threads, call, worker.call, job.args)
-            try:
-                return await asyncio.wait_for(future, timeout)
-            except TimeoutError as exc:
+            async with deadline:
+                if worker.is_async:
+                    return await worker.call(job.args)
+                loop = asyncio.get_running_loop()
+                call = contextvars.copy_context().run
+                return await loop.run_in_executor(self.threads, call, worker.call, job.args)
+        except TimeoutError as exc:
+            if deadline.expired():
                 raise JobTimeoutError(timeout) from exc
+            raise
         finally:
             reset_current(token)
 
@@ -207,7 +210,10 @@ class JobExecutor:
             "job.discard", {"duration": duration}, {"job": job, "node": self.node, "error": error}
         )
         if worker is not None:
-            await self._on_discard(job, worker, [*job.errors, entry])
+            # The database stamps `at` on its own copy when the completion is written; give
+            # on_discard the final error in the same shape as the recorded ones.
+            final = {**entry, "at": datetime.now(UTC).isoformat()}
+            await self._on_discard(job, worker, [*job.errors, final])
         return Completion(job, JobState.DISCARDED, error=entry)
 
     async def _on_discard(self, job: Job, worker: Worker, errors: list[dict[str, Any]]) -> None:

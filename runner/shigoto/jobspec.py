@@ -24,6 +24,8 @@ OPTION_NAMES = frozenset(
     {"worker", "args", "queue", "priority", "max_attempts", "timeout", "scheduled_at",
      "schedule_in", "tags", "meta"}
 )  # fmt: skip
+#: The keyword options `build` takes (worker and args are positional).
+_OPTIONS = OPTION_NAMES - {"worker", "args"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,21 +52,30 @@ class JobSpec:
         }  # fmt: skip
 
 
+#: One encoder for every job: `json.dumps` with options builds a new encoder on each call.
+_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+
+
 def _json_object(field_name: str, value: Any) -> str:
     if value is None:
         return "{}"
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):  # the ABC check is slow
         raise ValidationError(
-            field_name, f"must be a JSON object (a dict with string keys), got {type(value).__name__}"
+            field_name,
+            f"must be a JSON object (a dict with string keys), got {type(value).__name__}",
         )
     if not all(isinstance(k, str) for k in value):
         raise ValidationError(field_name, "keys must be strings so they survive JSON unchanged")
     try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        # Not ASCII-escaped, so the UTF-8 check below catches lone surrogates (e.g. from
+        # os.fsdecode), which jsonb rejects even as \u escapes.
+        text = _ENCODER.encode(value)
+        text.encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise ValidationError(
-            field_name, f"does not serialise as JSON ({exc}); pass plain dicts, lists, str, "
-            "int, float, bool and None"
+            field_name,
+            f"does not serialise as JSON ({exc}); pass plain dicts, lists, str, "
+            "int, float, bool and None",
         ) from None
     if "\\u0000" in text:
         raise ValidationError(field_name, "contains a NUL character, which PostgreSQL rejects")
@@ -92,8 +103,8 @@ def _worker_name(worker: Any) -> tuple[str, Worker | None]:
 def _queue(value: Any) -> str:
     if not isinstance(value, str) or not value or len(value) > MAX_QUEUE_NAME:
         raise ValidationError(
-            "queue", f"must be a non-empty string of at most {MAX_QUEUE_NAME} characters, "
-            f"got {value!r}"
+            "queue",
+            f"must be a non-empty string of at most {MAX_QUEUE_NAME} characters, got {value!r}",
         )
     return value
 
@@ -126,8 +137,9 @@ def _schedule(scheduled_at: Any, schedule_in: Any) -> tuple[datetime | None, flo
             raise ValidationError("scheduled_at", f"must be a datetime, got {scheduled_at!r}")
         if scheduled_at.tzinfo is None or scheduled_at.utcoffset() is None:
             raise ValidationError(
-                "scheduled_at", "is a naive datetime; give it a time zone, e.g. "
-                "datetime.now(timezone.utc) + timedelta(minutes=5)"
+                "scheduled_at",
+                "is a naive datetime; give it a time zone, e.g. "
+                "datetime.now(timezone.utc) + timedelta(minutes=5)",
             )
         return scheduled_at, 0.0
     if schedule_in is None:
@@ -155,7 +167,7 @@ def _tags(value: Any) -> list[str]:
 
 def build(worker: Any, args: Any = None, /, **options: Any) -> JobSpec:
     """Validate one job. Options given explicitly win over the worker object's defaults."""
-    unknown = set(options) - (OPTION_NAMES - {"worker", "args"})
+    unknown = options.keys() - _OPTIONS
     if unknown:
         name = sorted(unknown)[0]
         raise ValidationError(
@@ -186,7 +198,7 @@ def build(worker: Any, args: Any = None, /, **options: Any) -> JobSpec:
 
 def build_many(entries: Any) -> list[JobSpec]:
     """Validate a batch; an error names the entry's index as well as the field."""
-    if isinstance(entries, Mapping) or isinstance(entries, str | bytes):
+    if isinstance(entries, (Mapping, str | bytes)):
         raise ValidationError("jobs", "must be a list of dicts, one per job")
     specs = []
     for index, entry in enumerate(entries):

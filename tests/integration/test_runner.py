@@ -1,0 +1,307 @@
+"""An in-process `Runner` against a real database: wake-up, queues, timing, workers, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+import shigoto
+from shigoto import _sql, database, telemetry
+from shigoto.stager import Stager
+from tests.support import workers
+from tests.support.waiting import row, state, until
+
+W = "tests.support.workers."
+
+
+@pytest.fixture(autouse=True)
+def _probe() -> Iterator[None]:
+    workers.reset()
+    yield
+    workers.release()
+
+
+@contextlib.asynccontextmanager
+async def running(
+    db_url: str, queues: dict[str, int] | None = None, **settings: Any
+) -> AsyncIterator[shigoto.Runner]:
+    """A started runner with short intervals; always stopped, even when the test fails."""
+    options = {"poll_interval": 0.2, "stage_interval": 0.1, "shutdown_timeout": 2.0, **settings}
+    runner = shigoto.Runner(queues or {"default": 5}, database_url=db_url, **options)
+    task = asyncio.create_task(runner.run())
+    try:
+        await until(lambda: runner.ready.is_set() or task.done(), message="runner ready")
+        if task.done():
+            task.result()  # surface a start-up failure
+        yield runner
+    finally:
+        workers.release()  # no perform may hold the shutdown up
+        await runner.stop()
+        await asyncio.wait_for(task, 30)
+        await database.aclose_pools()
+
+
+class Claims:
+    """Counts `producer.claim` events per queue: tells a test that a producer is idle."""
+
+    def __init__(self) -> None:
+        self.by_queue: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, measurements: dict, metadata: dict) -> None:
+        with self._lock:
+            self.by_queue[metadata["queue"]] = self.by_queue.get(metadata["queue"], 0) + 1
+
+
+@pytest.fixture
+def claims() -> Iterator[Claims]:
+    seen = Claims()
+    handle = telemetry.attach(seen, ["producer.claim"])
+    yield seen
+    telemetry.detach(handle)
+
+
+# -- waking and staging ----------------------------------------------------------------------
+
+
+async def test_notify_wakes_an_idle_runner(
+    db_url: str, conn: psycopg.Connection[Any], claims: Claims
+) -> None:
+    """Polling is 10 minutes away, so only the NOTIFY can make the job run in time."""
+    async with running(db_url, poll_interval=600) as runner:
+        await until(lambda: claims.by_queue.get("default", 0) >= 1, message="first claim")
+        assert runner.producers["default"].running == {}
+        job = shigoto.enqueue(W + "echo", {"n": 1})
+        await until(lambda: state(conn, job.id) == "completed", message="job completed")
+        # and again with the async client
+        job = await shigoto.aenqueue(W + "async_echo", {"n": 2})
+        await until(lambda: state(conn, job.id) == "completed", message="async job completed")
+    assert row(conn, job.id)["result"] == {"async": True, "n": 2}
+
+
+async def test_queues_can_be_added_and_removed_while_running(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    async with running(db_url, {"default": 2}) as runner:
+        extra = shigoto.enqueue(W + "echo", {"n": "extra"}, queue="extra")
+        with pytest.raises(shigoto.ConfigurationError):
+            runner.add_queue("default", 3)
+        runner.add_queue("extra", 1)
+        await until(lambda: state(conn, extra.id) == "completed", message="extra served")
+        assert runner.queues == {"default": 2, "extra": 1}
+
+        await runner.remove_queue("extra")
+        assert "extra" not in runner.producers and "extra" not in runner.queues
+        stranded = shigoto.enqueue(W + "echo", {"n": "stranded"}, queue="extra")
+        served = shigoto.enqueue(W + "echo", {"n": "default"})
+        await until(lambda: state(conn, served.id) == "completed", message="default served")
+        assert state(conn, stranded.id) == "available"
+
+        runner.add_queue("extra", 1)  # and back again
+        await until(lambda: state(conn, stranded.id) == "completed", message="extra again")
+
+
+async def test_scheduled_job_runs_once_its_time_comes(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    async with running(db_url):
+        job = shigoto.enqueue(W + "echo", {"n": 1}, schedule_in=0.5)
+        assert state(conn, job.id) == "scheduled"
+        await until(lambda: state(conn, job.id) == "completed", message="scheduled job ran")
+    r = row(conn, job.id)
+    assert r["attempted_at"] >= r["scheduled_at"]  # never early
+
+
+async def test_retryable_job_runs_again_after_its_backoff(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    async with running(db_url):
+        job = shigoto.enqueue(workers.Flaky, {"succeed_on": 3})
+        await until(lambda: state(conn, job.id) == "completed", message="third attempt")
+    r = row(conn, job.id)
+    assert (r["attempt"], r["result"]) == (3, {"succeeded_on": 3})
+    assert [e["attempt"] for e in r["errors"]] == [1, 2]
+    starts = [c for c in workers.probe.calls if c["id"] == job.id]
+    assert [c["attempt"] for c in starts] == [1, 2, 3]
+    # the last retry did not start before the backoff after the second failure had elapsed
+    failed_at = datetime.fromisoformat(r["errors"][1]["at"])
+    assert r["attempted_at"] >= failed_at + timedelta(seconds=workers.Flaky.delay)
+
+
+async def test_stager_makes_due_jobs_available(db_url: str, conn: psycopg.Connection[Any]) -> None:
+    """What bounds lateness: each tick stages every due scheduled or retryable job, only those."""
+    due = shigoto.enqueue(W + "echo", schedule_in=3600)
+    retry = shigoto.enqueue(W + "echo", schedule_in=3600)
+    later = shigoto.enqueue(W + "echo", schedule_in=3600)
+    conn.execute(
+        "UPDATE shigoto_jobs SET scheduled_at = now() - interval '1 ms' WHERE id = ANY(%s)",
+        ([due.id, retry.id],),
+    )
+    conn.execute("UPDATE shigoto_jobs SET state = 'retryable' WHERE id = %s", (retry.id,))
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute("LISTEN shigoto_insert")
+        async with AsyncConnectionPool(db_url, kwargs={"autocommit": True}, open=False) as pool:
+            stager = Stager(pool, _sql.statements("public"), "test-node", 0.1)
+            assert await stager.run_once() == {"default": 2}
+            assert await stager.run_once() == {}
+        note = next(listener.notifies(timeout=20))
+        assert note.payload == "public.default"  # runners are woken for the staged queue
+    assert [state(conn, j.id) for j in (due, retry, later)] == [
+        "available", "available", "scheduled",
+    ]  # fmt: skip
+
+
+# -- performing ------------------------------------------------------------------------------
+
+
+async def test_sync_workers_run_in_threads_and_async_on_the_loop(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    async with running(db_url):
+        sync_job = shigoto.enqueue(W + "echo", {"kind": "sync"})
+        async_job = shigoto.enqueue(W + "async_echo", {"kind": "async"})
+        class_job = shigoto.enqueue(workers.Flaky, {"succeed_on": 1})
+        for job in (sync_job, async_job, class_job):
+            await until(lambda job=job: state(conn, job.id) == "completed", message="completed")
+    threads = {c["id"]: c["thread"] for c in workers.probe.calls}
+    assert threads[sync_job.id].startswith("shigoto-worker")
+    assert threads[class_job.id].startswith("shigoto-worker")
+    assert threads[async_job.id] == threading.current_thread().name  # the runner's loop
+    assert row(conn, sync_job.id)["result"] == {"kind": "sync"}
+    assert row(conn, async_job.id)["result"] == {"async": True, "kind": "async"}
+
+
+async def test_many_jobs_across_queues_all_complete(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    async with running(db_url, {"default": 10, "second": 3}):
+        shigoto.enqueue_many(
+            [{"worker": W + "echo", "args": {"n": n}, "queue": ("default", "second")[n % 2]}
+             for n in range(300)]
+        )  # fmt: skip
+        await until(
+            lambda: conn.execute(
+                "SELECT count(*) = 300 FROM shigoto_jobs WHERE state = 'completed'"
+            ).fetchone()[0],  # type: ignore[index]
+            message="300 completed",
+        )
+    assert sorted(workers.probe.order()) == list(range(300))  # each exactly once
+    attempts = conn.execute("SELECT DISTINCT attempt FROM shigoto_jobs").fetchall()
+    assert attempts == [(1,)]
+
+
+async def test_unknown_worker_fails_its_attempt(db_url: str, conn: psycopg.Connection[Any]) -> None:
+    async with running(db_url):
+        job = shigoto.enqueue(W + "no_such_worker", {"n": 1}, max_attempts=1)
+        await until(lambda: state(conn, job.id) == "discarded", message="discarded")
+        after = shigoto.enqueue(W + "echo", {"n": 2})
+        await until(lambda: state(conn, after.id) == "completed", message="runner still works")
+    (entry,) = row(conn, job.id)["errors"]
+    assert f"unknown worker {W}no_such_worker" in entry["error"]
+
+
+async def test_timeouts_fail_the_attempt(db_url: str, conn: psycopg.Connection[Any]) -> None:
+    async with running(db_url):
+        async_job = shigoto.enqueue(W + "async_sleep", {"seconds": 60}, timeout=0.2,
+                                    max_attempts=1)  # fmt: skip
+        sync_job = shigoto.enqueue(W + "block", timeout=0.2, max_attempts=1)
+        for job in (async_job, sync_job):
+            await until(lambda job=job: state(conn, job.id) == "discarded", message="timed out")
+    for job in (async_job, sync_job):
+        (entry,) = row(conn, job.id)["errors"]
+        assert entry["error"] == "JobTimeoutError: job timed out after 0.2 s"
+    assert async_job.id in workers.probe.cancelled
+
+
+async def test_progress_is_recorded_while_the_job_runs(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    async with running(db_url):
+        job = shigoto.enqueue(W + "progress_then_block", {"percent": 40})
+        await until(lambda: row(conn, job.id)["progress"] == 40, message="progress 40")
+        assert state(conn, job.id) == "executing"
+        workers.release()
+        await until(lambda: state(conn, job.id) == "completed", message="completed")
+
+
+async def test_cancel_by_stops_an_executing_async_job(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    async with running(db_url) as runner:
+        job = shigoto.enqueue(W + "async_sleep", {"seconds": 60})
+        await until(lambda: job.id in workers.probe.started, message="perform started")
+        assert state(conn, job.id) == "executing"
+        assert shigoto.cancel_by(ids=[job.id], reason="no longer needed") == [job.id]
+        await until(lambda: job.id in workers.probe.cancelled, message="perform cancelled")
+        await until(lambda: runner.executing_count == 0, message="slot freed")
+        after = shigoto.enqueue(W + "echo", {"n": 1})
+        await until(lambda: state(conn, after.id) == "completed", message="runner still works")
+    r = row(conn, job.id)
+    assert r["state"] == "cancelled"
+    assert r["finished_at"] is not None
+    assert r["errors"][-1]["error"] == "Cancelled: no longer needed"
+
+
+async def test_cancelled_sync_job_is_not_overwritten_when_its_thread_finishes(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    async with running(db_url) as runner:
+        job = shigoto.enqueue(W + "block")
+        await until(lambda: job.id in workers.probe.started, message="perform started")
+        assert shigoto.cancel_by(ids=[job.id]) == [job.id]
+        await until(lambda: runner.executing_count == 0, message="slot freed")
+        workers.release()  # the thread now returns normally
+        after = shigoto.enqueue(W + "echo", {"n": 1})
+        await until(lambda: state(conn, after.id) == "completed", message="runner still works")
+    r = row(conn, job.id)
+    assert r["state"] == "cancelled"
+    assert r["result"] is None
+
+
+async def test_stop_puts_unfinished_jobs_back_without_consuming_an_attempt(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    async with running(db_url, shutdown_timeout=0.3) as runner:
+        job = shigoto.enqueue(W + "async_sleep", {"seconds": 60})
+        await until(lambda: job.id in workers.probe.started, message="perform started")
+        await runner.stop()
+        await until(lambda: not runner.ready.is_set(), message="runner stopped")
+    r = row(conn, job.id)
+    assert (r["state"], r["attempt"], r["attempted_by"]) == ("available", 0, None)
+    assert r["errors"] == []
+    assert job.id in workers.probe.cancelled
+
+
+async def test_stop_lets_in_flight_jobs_finish(db_url: str, conn: psycopg.Connection[Any]) -> None:
+    async with running(db_url, shutdown_timeout=20) as runner:
+        job = shigoto.enqueue(W + "async_sleep", {"seconds": 0.3})
+        await until(lambda: job.id in workers.probe.started, message="perform started")
+        await runner.stop()
+        await until(lambda: not runner.ready.is_set(), message="runner stopped")
+    assert state(conn, job.id) == "completed"
+    assert conn.execute("SELECT count(*) FROM shigoto_nodes").fetchone() == (0,)
+
+
+async def test_a_failing_telemetry_subscriber_never_breaks_processing(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    def broken(event: str, measurements: dict, metadata: dict) -> None:
+        raise RuntimeError("subscriber bug")
+
+    handle = telemetry.attach(broken)
+    try:
+        async with running(db_url):
+            job = shigoto.enqueue(W + "echo", {"n": 1})
+            failing = shigoto.enqueue(W + "fail_always", max_attempts=1)
+            await until(lambda: state(conn, job.id) == "completed", message="completed")
+            await until(lambda: state(conn, failing.id) == "discarded", message="discarded")
+    finally:
+        telemetry.detach(handle)

@@ -1,0 +1,65 @@
+"""Waiting on conditions, never on fixed sleeps, plus row helpers for the engine tests.
+
+Deadlines are generous: they only bound a test that would otherwise hang; a passing test
+returns as soon as its condition holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+
+T = TypeVar("T")
+
+DEADLINE = 20.0
+STEP = 0.02
+
+
+def wait_until(condition: Callable[[], T], *, timeout: float = DEADLINE, message: str = "") -> T:
+    """Poll `condition` until it returns something truthy; return that value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s: {message or condition}")
+        time.sleep(STEP)
+
+
+async def until(condition: Callable[[], T], *, timeout: float = DEADLINE, message: str = "") -> T:
+    """`wait_until` for async tests: yields to the event loop between polls."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s: {message or condition}")
+        await asyncio.sleep(STEP)
+
+
+def row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
+    """The job's row as a dict."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        found = cur.execute("SELECT * FROM shigoto_jobs WHERE id = %s", (job_id,)).fetchone()
+    assert found is not None, f"job {job_id} not in shigoto_jobs"
+    return found
+
+
+def state(conn: psycopg.Connection[Any], job_id: int) -> str:
+    found = conn.execute("SELECT state FROM shigoto_jobs WHERE id = %s", (job_id,)).fetchone()
+    assert found is not None, f"job {job_id} not in shigoto_jobs"
+    return str(found[0])
+
+
+def count(conn: psycopg.Connection[Any], where: str = "true", *params: Any) -> int:
+    """Number of jobs matching a WHERE clause written by the test itself."""
+    found = conn.execute(f"SELECT count(*) FROM shigoto_jobs WHERE {where}", params).fetchone()
+    assert found is not None
+    return int(found[0])

@@ -151,6 +151,7 @@ class Status:
     counts: dict[str, dict[str, int]]
     oldest_available_age: dict[str, float]
     nodes: list[dict[str, Any]]
+    cron: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -162,6 +163,7 @@ class Status:
                 for q in sorted(self.counts)
             },
             "nodes": self.nodes,
+            "cron": self.cron,
         }
 
 
@@ -178,7 +180,29 @@ def _status(conn: psycopg.Connection[Any], stmts: _sql.Statements) -> Status:
             "started_at": started.isoformat(), "last_seen_at": seen.isoformat(),
             "silent_for": round(float(silent), 3),
         })  # fmt: skip
-    return Status(counts, ages, nodes)
+    return Status(counts, ages, nodes, _cron_entries(conn, stmts.schema))
+
+
+def _cron_entries(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
+    """Each schedule with its next slot; an invalid stored expression shows as such."""
+    from shigoto import cronspec
+
+    query = sql.SQL(
+        "SELECT name, expression, timezone, worker, queue, enabled, last_slot_at, last_job_id,"
+        " now() FROM {} ORDER BY name"
+    ).format(sql.Identifier(schema, "shigoto_cron"))
+    entries = []
+    for name, expr, tz, worker, queue, enabled, last, last_job, now in conn.execute(query):
+        try:
+            upcoming = cronspec.parse(expr, tz).next_after(now).isoformat() if enabled else None
+        except ValidationError:
+            upcoming = "invalid expression"
+        entries.append({
+            "name": name, "schedule": expr, "timezone": tz, "worker": worker, "queue": queue,
+            "enabled": enabled, "last_slot_at": last.isoformat() if last else None,
+            "last_job_id": last_job, "next_slot_at": upcoming,
+        })  # fmt: skip
+    return entries
 
 
 def status(*, database_url: str | None = None, schema: str | None = None) -> Status:

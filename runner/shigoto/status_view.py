@@ -35,8 +35,23 @@ def nodes_table(st: Status) -> Table:
     return table
 
 
+def cron_table(st: Status) -> Table:
+    table = Table(title="cron")
+    for name in ("name", "schedule", "worker", "queue", "enabled", "last slot", "next slot"):
+        table.add_column(name)
+    for entry in st.cron:
+        table.add_row(
+            entry["name"], f"{entry['schedule']} ({entry['timezone']})", entry["worker"],
+            entry["queue"], "yes" if entry["enabled"] else "no", entry["last_slot_at"] or "-",
+            entry["next_slot_at"] or "-",
+        )  # fmt: skip
+    return table
+
+
 def render_status(st: Status, console: Console | None = None) -> None:
     tables = [status_table(st), nodes_table(st)]
+    if st.cron:
+        tables.append(cron_table(st))
     if console is None:
         console = Console()
         if not console.is_terminal:

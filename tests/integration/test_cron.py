@@ -485,3 +485,14 @@ def test_shigoto_run_with_a_bad_cron_file_exits_2_naming_the_entry(
     err = capsys.readouterr().err
     assert "--cron[0].schedule" in err
     assert conn.execute("SELECT count(*) FROM shigoto_cron").fetchone() == (0,)
+
+
+def test_status_lists_schedules_with_their_next_slot(db_url: str) -> None:
+    shigoto.cron.schedule("st-hourly", "@hourly", "tests.support.workers.noop", database_url=db_url)
+    shigoto.cron.schedule("st-off", "0 3 * * *", "tests.support.workers.noop", enabled=False,
+                          database_url=db_url)  # fmt: skip
+    entries = {e["name"]: e for e in shigoto.status(database_url=db_url).as_dict()["cron"]}
+    assert entries["st-hourly"]["schedule"] == "@hourly"
+    nxt = datetime.fromisoformat(entries["st-hourly"]["next_slot_at"])
+    assert nxt.minute == 0 and nxt > datetime.now(UTC)
+    assert entries["st-off"]["enabled"] is False and entries["st-off"]["next_slot_at"] is None

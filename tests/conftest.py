@@ -38,7 +38,9 @@ def template_db(server_url: str) -> Iterator[str]:
     shigoto.migrate(embedded.with_database(server_url, name))
     yield name
     with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
 
 
 def _create_db(server_url: str, template: str | None) -> str:
@@ -56,7 +58,9 @@ def _create_db(server_url: str, template: str | None) -> str:
 def _drop_db(server_url: str, name: str) -> None:
     database.close_pools()
     with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
 
 
 @pytest.fixture

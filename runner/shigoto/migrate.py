@@ -94,9 +94,13 @@ async def current_version(conn: psycopg.AsyncConnection, schema: str) -> int:
     """The newest applied version, 0 when the schema has never been migrated."""
     table = sql.Identifier(schema, "shigoto_schema_migrations")
     exists = await (
-        await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f'"{schema}".shigoto_schema_migrations',))
+        await conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL", (f'"{schema}".shigoto_schema_migrations',)
+        )
     ).fetchone()
     if not exists or not exists[0]:
         return 0
-    row = await (await conn.execute(sql.SQL("SELECT max(version) FROM {}").format(table))).fetchone()
+    row = await (
+        await conn.execute(sql.SQL("SELECT max(version) FROM {}").format(table))
+    ).fetchone()
     return int(row[0] or 0) if row else 0

@@ -1,0 +1,1 @@
+"""Example workers for Shigoto on Kubernetes (see deploy/examples/)."""

@@ -1,0 +1,645 @@
+"""The Queue and CronSchedule CustomResourceDefinitions, as Python data.
+
+This module is the one source of truth for both schemas. The YAML in `crds/` is rendered from
+it (`python -m shigoto_operator.crds`; `--check` fails when the files are stale, which the unit
+tests assert), and the operator applies the very same defaults through `queue_defaults()` and
+`cron_defaults()`, so what `kubectl explain` documents, what the API server defaults and what the
+reconciler assumes can never drift apart.
+
+Every rule that needs no database lives in the schema (ranges, patterns, required fields, the
+`minReplicas <= maxReplicas` CEL rule), so `kubectl apply` rejects bad input before the operator
+sees it; there is no admission webhook to run.
+
+Pure on purpose: it imports neither kopf, the Kubernetes client nor psycopg, so the renderer and
+the tests run anywhere. PyYAML is only needed to render, and arrives with kopf and kubernetes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+GROUP = "shigoto.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+CATEGORY = "shigoto"
+
+QUEUE_KIND = "Queue"
+QUEUE_PLURAL = "queues"
+CRON_KIND = "CronSchedule"
+CRON_PLURAL = "cronschedules"
+
+#: Queue names travel through `SHIGOTO_QUEUES` (`name=10,other=5`), so they may not contain
+#: `=`, `,` or whitespace; dots, dashes and underscores keep names like `billing.invoices`.
+QUEUE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+MAX_QUEUE_NAME = 128  # shigoto.config.MAX_QUEUE_NAME; not imported to keep this module pure
+
+#: A plain PostgreSQL identifier, the same rule `shigoto.config.schema` enforces at run time.
+SCHEMA_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
+
+#: A dotted Python module path; commas would break `SHIGOTO_IMPORT`.
+MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+
+#: Five space-separated fields or an `@` alias. Only the shape is checked here; whether every
+#: field is in range (and whether the date ever comes) is the operator's job, reported as a
+#: condition, because a regular expression for full cron validity would be unreadable.
+CRON_ALIASES = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
+_CRON_FIELD = r"[0-9A-Za-z*/,?#-]+"
+SCHEDULE_PATTERN = (
+    r"^(" + "|".join(CRON_ALIASES) + r"|" + _CRON_FIELD + r"(\s+" + _CRON_FIELD + r"){4})$"
+)
+
+#: An IANA zone name's shape (`UTC`, `Europe/Oslo`, `Etc/GMT+5`); existence is checked by the
+#: operator against the zone database.
+TIME_ZONE_PATTERN = r"^[A-Za-z0-9_+/-]+$"
+
+#: A Queue's runner Deployment is `shigoto-runner-<name>`; keeping that a DNS label (63
+#: characters) lets it serve as a label value and a container-friendly name everywhere.
+RUNNER_PREFIX = "shigoto-runner-"
+MAX_QUEUE_OBJECT_NAME = 63 - len(RUNNER_PREFIX)
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+# --- building blocks ---------------------------------------------------------------------------
+
+
+def _string(description: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "string", "description": description, **extra}
+
+
+def _integer(description: str, *, fmt: str = "int32", **extra: Any) -> dict[str, Any]:
+    return {"type": "integer", "format": fmt, "description": description, **extra}
+
+
+def _boolean(description: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "boolean", "description": description, **extra}
+
+
+def _string_map(description: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": description,
+        "additionalProperties": {"type": "string"},
+    }
+
+
+def _opaque_object(description: str) -> dict[str, Any]:
+    """A Kubernetes type (affinity, resources, ...) passed verbatim into the pod template.
+
+    Kept opaque rather than copying core/v1 schemas that would go stale; the API server still
+    validates the Deployment the operator builds from it.
+    """
+    return {
+        "type": "object",
+        "description": description,
+        "x-kubernetes-preserve-unknown-fields": True,
+    }
+
+
+def _opaque_list(description: str, **items: Any) -> dict[str, Any]:
+    item: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    item.update(items)
+    return {"type": "array", "description": description, "items": item}
+
+
+def _database() -> dict[str, Any]:
+    """Where the jobs live; the same shape on both kinds so one Secret serves both."""
+    return {
+        "type": "object",
+        "description": "The PostgreSQL database holding the Shigoto tables.",
+        "required": ["secretRef"],
+        "properties": {
+            "secretRef": {
+                "type": "object",
+                "description": "A Secret in the object's namespace whose key holds a libpq URL "
+                "(postgresql://user:password@host:5432/db); runners get it as "
+                "SHIGOTO_DATABASE_URL.",
+                "required": ["name"],
+                "properties": {
+                    "name": _string("Name of the Secret.", minLength=1, maxLength=253),
+                    "key": _string(
+                        "Key in the Secret holding the URL.",
+                        minLength=1,
+                        maxLength=253,
+                        default="url",
+                    ),
+                },
+            },
+            "schema": _string(
+                "PostgreSQL schema holding the shigoto_ tables (SHIGOTO_SCHEMA).",
+                pattern=SCHEMA_NAME_PATTERN,
+                default="public",
+            ),
+        },
+    }
+
+
+def _conditions() -> dict[str, Any]:
+    return {
+        "type": "array",
+        "description": "Current state as Kubernetes conditions.",
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"],
+        "items": {
+            "type": "object",
+            "required": ["type", "status"],
+            "properties": {
+                "type": _string("Condition type, e.g. Ready."),
+                "status": _string("True, False or Unknown.", enum=["True", "False", "Unknown"]),
+                "reason": _string("One CamelCase word saying why."),
+                "message": _string("What happened, for people."),
+                "lastTransitionTime": _string("When status last changed.", format="date-time"),
+                "observedGeneration": _integer(
+                    "Generation the condition was computed for.", fmt="int64"
+                ),
+            },
+        },
+    }
+
+
+# --- Queue -------------------------------------------------------------------------------------
+
+QUEUE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "A queue and the autoscaled runner Deployment that serves it.",
+    "required": ["database", "runner"],
+    "properties": {
+        "queueName": _string(
+            "Name of the queue in the database; defaults to metadata.name (applied by the "
+            "operator, so renaming the object never silently renames the queue).",
+            pattern=QUEUE_NAME_PATTERN,
+            minLength=1,
+            maxLength=MAX_QUEUE_NAME,
+        ),
+        "concurrency": _integer(
+            "Jobs one runner pod executes at once.", minimum=1, maximum=10000, default=10
+        ),
+        "globalConcurrency": _integer(
+            "At most this many jobs of the queue execute across all pods; unset means no "
+            "global limit.",
+            minimum=1,
+        ),
+        "paused": _boolean("Stop claiming new jobs; running jobs finish.", default=False),
+        "database": _database(),
+        "runner": {
+            "type": "object",
+            "description": "The pods that run `shigoto run` for this queue.",
+            "required": ["image"],
+            "properties": {
+                "image": _string(
+                    "Runner image: ours, or one built FROM it with your workers.", minLength=1
+                ),
+                "imagePullPolicy": _string(
+                    "Pull policy of the runner container.", enum=["Always", "IfNotPresent", "Never"]
+                ),
+                "imports": {
+                    "type": "array",
+                    "description": "Modules that define the workers (SHIGOTO_IMPORT).",
+                    "items": {"type": "string", "pattern": MODULE_PATTERN},
+                },
+                "env": _opaque_list(
+                    "Extra environment variables (core/v1 EnvVar) for the runner container.",
+                    required=["name"],
+                    properties={"name": _string("Variable name.", minLength=1)},
+                ),
+                "envFrom": _opaque_list(
+                    "Extra environment sources (core/v1 EnvFromSource) for the runner container."
+                ),
+                "resources": _opaque_object("Container resources (core/v1 ResourceRequirements)."),
+                "nodeSelector": _string_map("Pod nodeSelector."),
+                "tolerations": _opaque_list("Pod tolerations (core/v1 Toleration)."),
+                "affinity": _opaque_object("Pod affinity (core/v1 Affinity)."),
+                "serviceAccountName": _string("Service account of the runner pods."),
+                "imagePullSecrets": {
+                    "type": "array",
+                    "description": "Secrets for pulling the runner image.",
+                    "items": {
+                        "type": "object",
+                        "required": ["name"],
+                        "properties": {"name": _string("Name of the Secret.", minLength=1)},
+                    },
+                },
+                "podLabels": _string_map("Extra labels on the runner pods."),
+                "podAnnotations": _string_map("Extra annotations on the runner pods."),
+                "shutdownTimeoutSeconds": _integer(
+                    "Seconds in-flight jobs get to finish on SIGTERM; the pod's grace period is "
+                    "set above it.",
+                    minimum=1,
+                    maximum=3600,
+                    default=15,
+                ),
+                "healthPort": _integer(
+                    "Port of /healthz, /readyz and /metrics.",
+                    minimum=1,
+                    maximum=65535,
+                    default=8000,
+                ),
+            },
+        },
+        "autoscaling": {
+            "type": "object",
+            "description": "Replicas follow pending work: clamp(ceil((available + executing) / "
+            "targetJobsPerReplica), minReplicas, maxReplicas).",
+            # `{}` as default makes the API server descend and fill every field below, so a
+            # Queue without an autoscaling block still reads back fully specified.
+            "default": {},
+            "properties": {
+                "mode": _string(
+                    "operator: the operator sets replicas; keda: it emits a KEDA ScaledObject "
+                    "with the same query instead.",
+                    enum=["operator", "keda"],
+                    default="operator",
+                ),
+                "minReplicas": _integer(
+                    "Fewest runner pods; 0 scales to zero when idle.", minimum=0, default=0
+                ),
+                "maxReplicas": _integer("Most runner pods.", minimum=1, default=10),
+                "targetJobsPerReplica": _integer(
+                    "Available plus executing jobs one pod should carry.", minimum=1, default=100
+                ),
+                "scaleDownStabilizationSeconds": _integer(
+                    "Scale down only after the lower replica count held this long.",
+                    minimum=0,
+                    default=300,
+                ),
+                "pollIntervalSeconds": _integer(
+                    "How often job counts are read.", minimum=1, maximum=3600, default=10
+                ),
+            },
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.minReplicas <= self.maxReplicas",
+                    "message": "autoscaling.minReplicas must be less than or equal to "
+                    "autoscaling.maxReplicas",
+                }
+            ],
+        },
+    },
+}
+
+QUEUE_STATUS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Observed state, written by the operator.",
+    "properties": {
+        "observedGeneration": _integer("Generation last reconciled.", fmt="int64"),
+        "replicas": _integer("Runner pods that exist."),
+        "readyReplicas": _integer("Runner pods that are ready."),
+        "desiredReplicas": _integer("Replicas the autoscaling policy wants."),
+        "jobs": {
+            "type": "object",
+            "description": "Jobs of this queue by state, from the last poll.",
+            "properties": {
+                state: _integer(f"Jobs in state {state}.", fmt="int64")
+                for state in (
+                    "available",
+                    "scheduled",
+                    "executing",
+                    "retryable",
+                    "completed",
+                    "discarded",
+                    "cancelled",
+                )
+            },
+        },
+        "lastScaleTime": _string("When replicas last changed.", format="date-time"),
+        "conditions": _conditions(),
+    },
+}
+
+_QUEUE_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Queue", "type": "string", "jsonPath": ".spec.queueName"},
+    {"name": "Concurrency", "type": "integer", "jsonPath": ".spec.concurrency"},
+    {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+    {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
+    {"name": "Available", "type": "integer", "jsonPath": ".status.jobs.available"},
+    {"name": "Executing", "type": "integer", "jsonPath": ".status.jobs.executing"},
+    {"name": "Discarded", "type": "integer", "jsonPath": ".status.jobs.discarded"},
+    {"name": "Paused", "type": "boolean", "jsonPath": ".spec.paused", "priority": 1},
+    {"name": "Min", "type": "integer", "jsonPath": ".spec.autoscaling.minReplicas", "priority": 1},
+    {"name": "Max", "type": "integer", "jsonPath": ".spec.autoscaling.maxReplicas", "priority": 1},
+    {"name": "Image", "type": "string", "jsonPath": ".spec.runner.image", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+# --- CronSchedule ------------------------------------------------------------------------------
+
+CRON_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "A cron entry that enqueues a job at every slot.",
+    "required": ["schedule", "worker", "database"],
+    "properties": {
+        "schedule": _string(
+            "Five cron fields (minute hour day-of-month month day-of-week) or one of "
+            + ", ".join(CRON_ALIASES)
+            + ".",
+            pattern=SCHEDULE_PATTERN,
+            maxLength=256,
+        ),
+        "timeZone": _string(
+            "IANA time zone the schedule is read in.",
+            pattern=TIME_ZONE_PATTERN,
+            maxLength=64,
+            default="UTC",
+        ),
+        "worker": _string(
+            "Worker name of the job, e.g. shop.workers.nightly_report.", minLength=1, maxLength=255
+        ),
+        "args": {
+            "type": "object",
+            "description": "Arguments of every job (a JSON object).",
+            "x-kubernetes-preserve-unknown-fields": True,
+            "default": {},
+        },
+        "queue": _string(
+            "Queue the jobs go to.",
+            pattern=QUEUE_NAME_PATTERN,
+            minLength=1,
+            maxLength=MAX_QUEUE_NAME,
+            default="default",
+        ),
+        "priority": _integer(
+            "Priority of the jobs; higher runs first.",
+            minimum=INT32_MIN,
+            maximum=INT32_MAX,
+            default=0,
+        ),
+        "maxAttempts": _integer("Attempts per job; unset: the worker's own setting.", minimum=1),
+        "tags": {
+            "type": "array",
+            "description": "Tags on every job.",
+            "items": {"type": "string", "minLength": 1},
+        },
+        "suspend": _boolean("Enqueue nothing while true; the row stays.", default=False),
+        "catchUp": _string(
+            "Slots missed while nothing ran: latest enqueues only the newest, all every one "
+            "(up to catchUpLimit), none skips them.",
+            enum=["latest", "all", "none"],
+            default="latest",
+        ),
+        "catchUpLimit": _integer(
+            "Most missed slots enqueued with catchUp: all.", minimum=1, maximum=10000, default=100
+        ),
+        "database": _database(),
+    },
+}
+
+CRON_STATUS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Observed state, written by the operator.",
+    "properties": {
+        "observedGeneration": _integer("Generation last reconciled.", fmt="int64"),
+        "lastScheduleTime": _string("Slot of the last enqueued job.", format="date-time"),
+        "nextScheduleTime": _string("Next slot.", format="date-time"),
+        "lastJobId": _integer("Id of the last enqueued job.", fmt="int64"),
+        "conditions": _conditions(),
+    },
+}
+
+_CRON_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Schedule", "type": "string", "jsonPath": ".spec.schedule"},
+    {"name": "Suspend", "type": "boolean", "jsonPath": ".spec.suspend"},
+    {"name": "Last Schedule", "type": "date", "jsonPath": ".status.lastScheduleTime"},
+    {"name": "Next Schedule", "type": "date", "jsonPath": ".status.nextScheduleTime"},
+    {"name": "Worker", "type": "string", "jsonPath": ".spec.worker", "priority": 1},
+    {"name": "Queue", "type": "string", "jsonPath": ".spec.queue", "priority": 1},
+    {"name": "Time Zone", "type": "string", "jsonPath": ".spec.timeZone", "priority": 1},
+    {"name": "Last Job", "type": "integer", "jsonPath": ".status.lastJobId", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+# --- the CRDs ----------------------------------------------------------------------------------
+
+
+def _crd(
+    *,
+    kind: str,
+    plural: str,
+    short_names: list[str],
+    description: str,
+    spec: dict[str, Any],
+    status: dict[str, Any],
+    columns: list[dict[str, Any]],
+    metadata: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    properties: dict[str, Any] = {
+        "apiVersion": {"type": "string"},
+        "kind": {"type": "string"},
+        "metadata": metadata or {"type": "object"},
+        "spec": spec,
+        "status": status,
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{plural}.{GROUP}",
+            "labels": {"app.kubernetes.io/name": "shigoto", "app.kubernetes.io/part-of": "shigoto"},
+        },
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": short_names,
+                "categories": [CATEGORY],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": columns,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": description,
+                            "required": ["spec"],
+                            "properties": properties,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def queue_crd() -> dict[str, Any]:
+    """The Queue CRD; a fresh copy each call, so callers may mutate it."""
+    return copy.deepcopy(
+        _crd(
+            kind=QUEUE_KIND,
+            plural=QUEUE_PLURAL,
+            # `q`/`queue` are taken by other projects' queue CRDs (Volcano, Kueue); `sq` is ours.
+            short_names=["sq"],
+            description="A Shigoto queue: its runner Deployment, autoscaled on pending jobs.",
+            spec=QUEUE_SCHEMA,
+            status=QUEUE_STATUS_SCHEMA,
+            columns=_QUEUE_COLUMNS,
+            metadata={
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": MAX_QUEUE_OBJECT_NAME},
+                },
+            },
+        )
+    )
+
+
+def cron_crd() -> dict[str, Any]:
+    """The CronSchedule CRD; `cs` is componentstatuses', so the short name is `cronsched`."""
+    return copy.deepcopy(
+        _crd(
+            kind=CRON_KIND,
+            plural=CRON_PLURAL,
+            short_names=["cronsched"],
+            description="A Shigoto cron entry: enqueues a job at every slot of a schedule.",
+            spec=CRON_SCHEMA,
+            status=CRON_STATUS_SCHEMA,
+            columns=_CRON_COLUMNS,
+        )
+    )
+
+
+# --- defaults, as the API server applies them --------------------------------------------------
+
+
+def apply_defaults(schema: Mapping[str, Any], value: Any) -> Any:
+    """Return a copy of `value` with the schema's defaults filled in, like the API server.
+
+    A missing property with a `default` gets a copy of it, and defaulting then descends into it
+    (that is why `autoscaling` defaults to `{}`); objects without a default stay absent.
+    """
+    value = copy.deepcopy(value)
+    _fill(schema, value)
+    return value
+
+
+def _fill(schema: Mapping[str, Any], value: Any) -> None:
+    if isinstance(value, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name not in value and "default" in sub:
+                value[name] = copy.deepcopy(sub["default"])
+            if name in value:
+                _fill(sub, value[name])
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, Mapping):
+            for name in value:
+                _fill(extra, value[name])
+    elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        for item in value:
+            _fill(schema["items"], item)
+
+
+def queue_defaults(spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A Queue spec with every schema default applied (queueName stays the operator's)."""
+    return apply_defaults(QUEUE_SCHEMA, dict(spec or {}))
+
+
+def cron_defaults(spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A CronSchedule spec with every schema default applied."""
+    return apply_defaults(CRON_SCHEMA, dict(spec or {}))
+
+
+# --- rendering ---------------------------------------------------------------------------------
+
+HEADER = (
+    "# Generated by `python -m shigoto_operator.crds` from operator/shigoto_operator/crds.py.\n"
+    "# Do not edit: change crds.py and re-run it (tests fail while this file is stale).\n"
+)
+
+#: The CRD files, in the order `kubectl apply -k crds/` installs them.
+CRD_FILES = (f"{QUEUE_PLURAL}.{GROUP}.yaml", f"{CRON_PLURAL}.{GROUP}.yaml")
+
+KUSTOMIZATION = {
+    "apiVersion": "kustomize.config.k8s.io/v1beta1",
+    "kind": "Kustomization",
+    "resources": list(CRD_FILES),
+}
+
+
+def _dump(document: Mapping[str, Any]) -> str:
+    import yaml  # a kopf/kubernetes dependency; imported here so the data needs nothing
+
+    return HEADER + yaml.safe_dump(
+        dict(document), sort_keys=False, width=100, default_flow_style=False, allow_unicode=True
+    )
+
+
+def render() -> dict[str, str]:
+    """File name in `crds/` -> its YAML text."""
+    queue_file, cron_file = CRD_FILES
+    return {
+        queue_file: _dump(queue_crd()),
+        cron_file: _dump(cron_crd()),
+        "kustomization.yaml": _dump(KUSTOMIZATION),
+    }
+
+
+def default_directory() -> Path | None:
+    """`crds/` of the checkout holding this module, or None when installed from a wheel."""
+    root = Path(__file__).resolve().parents[2]
+    return root / "crds" if (root / "pyproject.toml").is_file() else None
+
+
+def stale_files(directory: Path) -> list[str]:
+    """Names of rendered files that are missing or differ in `directory`."""
+    stale = []
+    for name, text in render().items():
+        path = directory / name
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            stale.append(name)
+    return stale
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the CRD YAML files, check they are current, or print them for `kubectl apply`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m shigoto_operator.crds", description="Render the Shigoto CRDs."
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if a file is missing or stale"
+    )
+    parser.add_argument(
+        "--stdout",
+        action="store_true",
+        help="print both CRDs as one YAML stream (works from an installed wheel too)",
+    )
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="target directory (default: crds/ of this checkout)"
+    )
+    args = parser.parse_args(argv)
+    if args.stdout:
+        files = render()
+        sys.stdout.write("---\n".join(files[name] for name in files if name in CRD_FILES))
+        return 0
+    directory: Path | None = args.dir or default_directory()
+    if directory is None:
+        parser.error("not running from a checkout: pass --dir, or use --stdout")
+    if args.check:
+        stale = stale_files(directory)
+        for name in stale:
+            print(
+                f"stale: {directory / name} (run `python -m shigoto_operator.crds`)",
+                file=sys.stderr,
+            )
+        return 1 if stale else 0
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in render().items():
+        (directory / name).write_text(text, encoding="utf-8")
+        print(f"wrote {directory / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -34,10 +34,11 @@ WITH input AS (
            CASE WHEN input.at <= now() THEN 'available' ELSE 'scheduled' END,
            %(priority)s, %(max_attempts)s, %(timeout)s, input.at, %(tags)s, %(meta)s
     FROM input
-    RETURNING *
+    RETURNING id, queue, state, scheduled_at, inserted_at
 )
--- The NOTIFY is delivered at commit, so a rolled-back enqueue wakes nobody.
-SELECT ins.*,
+-- The NOTIFY is delivered at commit, so a rolled-back enqueue wakes nobody. Only what the
+-- database assigned comes back: the client knows the rest (client._job).
+SELECT ins.id, ins.state, ins.scheduled_at, ins.inserted_at,
        CASE WHEN ins.state = 'available'
             THEN pg_notify({channel}, {schema_name} || '.' || ins.queue) END IS NULL AS _woke
 FROM ins
@@ -51,29 +52,31 @@ SELECT now() AS now,
              FROM generate_series(1, %(count)s)) AS ids
 """
 
+# Binary: the client sends typed values (see client._COPY_TYPES), nothing to escape or parse.
 _COPY_JOBS = """
 COPY {jobs} (id, queue, worker, args, state, priority, max_attempts, timeout,
-             scheduled_at, inserted_at, tags, meta) FROM STDIN
+             scheduled_at, inserted_at, tags, meta) FROM STDIN (FORMAT BINARY)
 """
 
 _NOTIFY_QUEUES = """
 SELECT pg_notify({channel}, {schema_name} || '.' || q) FROM unnest(%(queues)s::text[]) AS q
 """
 
-_CLAIM = """
+# Returns JOB_COLUMNS in order, so the runner builds each Job positionally (Job.from_values).
+_CLAIM = f"""
 WITH picked AS (
-    SELECT id FROM {jobs}
+    SELECT id FROM {{jobs}}
     WHERE state = 'available' AND queue = %(queue)s
     ORDER BY priority DESC, scheduled_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-UPDATE {jobs} AS j
+UPDATE {{jobs}} AS j
 SET state = 'executing', attempt = j.attempt + 1, attempted_at = now(),
     attempted_by = %(node)s, progress = NULL
 FROM picked
 WHERE j.id = picked.id
-RETURNING j.*
+RETURNING {", ".join(f"j.{c}" for c in JOB_COLUMNS)}
 """
 
 # One statement acknowledges a whole batch of outcomes. The guard (still executing, same

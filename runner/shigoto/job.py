@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -18,6 +19,8 @@ class JobState(StrEnum):
     CANCELLED = "cancelled"
 
 
+_STATES = {state.value: state for state in JobState}  # faster than JobState(value)
+
 #: States a job never leaves on its own; pruning and archival consider only these.
 FINISHED_STATES = frozenset({JobState.COMPLETED, JobState.DISCARDED, JobState.CANCELLED})
 #: States a cancel applies to.
@@ -25,7 +28,7 @@ CANCELLABLE_STATES = frozenset(
     {JobState.SCHEDULED, JobState.AVAILABLE, JobState.RETRYABLE, JobState.EXECUTING}
 )
 
-#: Columns of shigoto_jobs in the order every statement returns them.
+#: Columns of shigoto_jobs in the order every statement returns them; also `Job`'s fields.
 JOB_COLUMNS = (
     "id", "queue", "worker", "args", "state", "priority", "attempt", "max_attempts", "timeout",
     "scheduled_at", "inserted_at", "attempted_at", "completed_at", "finished_at", "attempted_by",
@@ -60,7 +63,19 @@ class Job:
     unique_key: str | None = None
 
     @classmethod
+    def from_values(cls, values: Sequence[Any]) -> Job:
+        """A job from one row's values in `JOB_COLUMNS` order: the claim's hot path, cheaper
+        than building a dict per row."""
+        values = list(values)
+        values[4] = _STATES[values[4]]
+        return cls(*values)
+
+    @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:
         values = {name: row[name] for name in JOB_COLUMNS if name in row}
         values["state"] = JobState(values["state"])
         return cls(**values)
+
+
+# `Job.from_values` builds jobs positionally: columns and fields must line up.
+assert tuple(f.name for f in fields(Job)) == JOB_COLUMNS, "JOB_COLUMNS and Job fields differ"

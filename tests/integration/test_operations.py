@@ -66,7 +66,7 @@ def test_status_counts_jobs_by_queue_and_state(conn: psycopg.Connection[Any]) ->
 def test_status_of_an_empty_database() -> None:
     st = shigoto.status()
     assert st.counts == {} and st.nodes == []
-    assert st.as_dict() == {"queues": {}, "nodes": []}
+    assert st.as_dict() == {"queues": {}, "nodes": [], "cron": []}
 
 
 async def test_status_lists_live_runner_nodes(db_url: str) -> None:

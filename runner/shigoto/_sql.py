@@ -79,6 +79,24 @@ WHERE j.id = picked.id
 RETURNING {", ".join(f"j.{c}" for c in JOB_COLUMNS)}
 """
 
+# The claim while some workers are at their global limit: their jobs are left for later, so
+# other jobs of the queue run instead of being claimed and handed straight back.
+_CLAIM_EXCLUDING = _CLAIM.replace(
+    "WHERE state = 'available' AND queue = %(queue)s",
+    "WHERE state = 'available' AND queue = %(queue)s AND worker <> ALL(%(exclude)s::text[])",
+)
+
+# Slots of global limits held right now, across every session of this database.
+_SLOTS_HELD = """
+SELECT s.scope, count(l.pid) AS held
+FROM unnest(%(scopes)s::int[]) AS s(scope)
+LEFT JOIN pg_locks AS l
+       ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+      AND l.classid = (s.scope::bigint & 4294967295)::oid
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+GROUP BY s.scope
+"""
+
 # One statement acknowledges a whole batch of outcomes. The guard (still executing, same
 # attempt, same node) makes it idempotent: a retried write, a job cancelled meanwhile or a job
 # rescued and re-claimed elsewhere is left untouched.
@@ -199,6 +217,8 @@ class Statements:
     copy_jobs: str
     notify_queues: str
     claim: str
+    claim_excluding: str
+    slots_held: str
     complete: str
     put_back: str
     progress: str
@@ -246,6 +266,8 @@ def statements(schema: str) -> Statements:
         "copy_jobs": _COPY_JOBS,
         "notify_queues": _NOTIFY_QUEUES,
         "claim": _CLAIM,
+        "claim_excluding": _CLAIM_EXCLUDING,
+        "slots_held": _SLOTS_HELD,
         "complete": _COMPLETE,
         "put_back": _PUT_BACK,
         "progress": _PROGRESS,

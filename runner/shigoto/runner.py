@@ -37,7 +37,7 @@ from shigoto.pruner import Pruner
 from shigoto.queue_settings import QueueSetting, QueueSettingsWatcher, write_limits
 from shigoto.rescuer import Rescuer
 from shigoto.stager import Stager
-from shigoto.worker import lookup
+from shigoto.worker import lookup, registered
 
 log = logging.getLogger("shigoto.runner")
 
@@ -307,14 +307,52 @@ class Runner:
 
     async def _claim(self, queue: str, limit: int) -> list[Job]:
         assert self._pool is not None
+        params: dict[str, Any] = {"queue": queue, "limit": limit, "node": self.node}
+        statement = self.stmts.claim
         async with self._pool.connection() as conn:
+            saturated = await self._saturated_workers(conn)
+            if saturated:
+                statement = self.stmts.claim_excluding
+                params["exclude"] = saturated
             cur = conn.cursor(row_factory=_job_rows)
-            await cur.execute(self.stmts.claim, {"queue": queue, "limit": limit, "node": self.node})
+            await cur.execute(statement, params)
             jobs = await cur.fetchall()
         jobs.sort(key=lambda j: (-j.priority, j.scheduled_at, j.id))
         return jobs
 
+    def _worker_limits(self) -> dict[str, int]:
+        """Global limits of the workers this process knows (others cannot be resolved here)."""
+        return {name: w.global_concurrency for name, w in registered().items()
+                if w.global_concurrency}  # fmt: skip
+
+    async def _saturated_workers(self, conn: Any) -> list[str]:
+        """Limited workers whose every slot is held somewhere; their jobs are not claimed."""
+        limits = self._worker_limits()
+        if not limits:
+            return []
+        scopes = {scope_key(self.schema, "worker", name): name for name in limits}
+        cur = await conn.execute(self.stmts.slots_held, {"scopes": list(scopes)})
+        held = {scopes[scope]: count for scope, count in await cur.fetchall()}
+        return sorted(name for name, limit in limits.items() if held.get(name, 0) >= limit)
+
     async def _execute(self, job: Job) -> None:
+        limit = self._worker_limits().get(job.worker)
+        if limit is None:
+            await self._execute_unlimited(job)
+            return
+        scope = scope_key(self.schema, "worker", job.worker)
+        slots = await self.limiter.take(scope, limit, 1)
+        if not slots:
+            # Another runner took the last slot between our check and our claim: hand the job
+            # back untouched (attempt not consumed) rather than run it over the limit.
+            await self._put_back([job.id])
+            return
+        try:
+            await self._execute_unlimited(job)
+        finally:
+            await self.limiter.give(scope, slots)
+
+    async def _execute_unlimited(self, job: Job) -> None:
         assert self._executor is not None and self._completer is not None
         completion = await self._executor.execute(job)
         # The last progress report must land before the completion, whose write ends the

@@ -27,7 +27,16 @@ _registry: dict[str, Worker] = {}
 _registry_lock = threading.Lock()
 
 
-def _validate_defaults(name: str, max_attempts: int | None, timeout: float | None) -> None:
+def _validate_defaults(
+    name: str, max_attempts: int | None, timeout: float | None, global_concurrency: int | None
+) -> None:
+    if global_concurrency is not None and (
+        isinstance(global_concurrency, bool) or not isinstance(global_concurrency, int)
+        or global_concurrency < 1
+    ):  # fmt: skip
+        raise ValidationError(
+            "global_concurrency", f"worker {name} needs a whole number >= 1 (or None: no limit)"
+        )
     if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
         raise ValidationError("max_attempts", f"worker {name} needs max_attempts >= 1")
     if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
@@ -47,6 +56,8 @@ class Worker:
     max_attempts: ClassVar[int | None] = None
     timeout: ClassVar[float | None] = None
     tags: ClassVar[list[str] | None] = None
+    #: At most this many of this worker's jobs execute at once across every runner.
+    global_concurrency: ClassVar[int | None] = None
 
     def __init_subclass__(cls, template: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -54,7 +65,7 @@ class Worker:
             return  # a base for other workers (FunctionWorker), not a worker itself
         if "name" not in cls.__dict__ or not cls.__dict__["name"]:
             cls.name = f"{cls.__module__}.{cls.__qualname__}"
-        _validate_defaults(cls.name, cls.max_attempts, cls.timeout)
+        _validate_defaults(cls.name, cls.max_attempts, cls.timeout, cls.global_concurrency)
         if not inspect.isabstract(cls) and cls.perform is not Worker.perform:
             register(cls())
 
@@ -119,12 +130,14 @@ class FunctionWorker(Worker, template=True):
         max_attempts: int | None = None,
         timeout: float | None = None,
         tags: list[str] | None = None,
+        global_concurrency: int | None = None,
         backoff: Callable[[int, BaseException], float] | None = None,
         on_discard: Callable[[dict[str, Any], list[dict[str, Any]]], Any] | None = None,
     ) -> None:
         self.fn = fn
         self.name = name or f"{fn.__module__}.{fn.__qualname__}"  # type: ignore[misc]
-        _validate_defaults(self.name, max_attempts, timeout)
+        _validate_defaults(self.name, max_attempts, timeout, global_concurrency)
+        self.global_concurrency = global_concurrency  # type: ignore[misc]
         self.queue = queue  # type: ignore[misc]
         self.priority = priority  # type: ignore[misc]
         self.max_attempts = max_attempts  # type: ignore[misc]
@@ -187,6 +200,7 @@ def worker(
     max_attempts: int | None = None,
     timeout: float | None = None,
     tags: list[str] | None = None,
+    global_concurrency: int | None = None,
     backoff: Callable[[int, BaseException], float] | None = None,
     on_discard: Callable[[dict[str, Any], list[dict[str, Any]]], Any] | None = None,
 ) -> Callable[[Callable[..., Any]], FunctionWorker]: ...

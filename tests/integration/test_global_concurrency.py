@@ -110,3 +110,44 @@ def test_scope_keys_are_stable_and_distinct() -> None:
     assert scope_key("public", "queue", "a") != scope_key("public", "queue", "b")
     assert scope_key("public", "queue", "a") != scope_key("other", "queue", "a")
     assert -(2**31) <= scope_key("public", "worker", "x") < 2**31
+
+
+def start_mixed_runner(db_url: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SHIGOTO_DATABASE_URL": db_url}
+    return subprocess.Popen(
+        [sys.executable, "-m", "shigoto.cli", "run", "--queue", "mixed=10",
+         "--import", "tests.support.limit_workers", "--poll-interval", "0.2"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_worker_global_limit_holds_across_runners_without_blocking_others(db_url, conn) -> None:
+    conn.execute(
+        "CREATE TABLE overlap_log (job_id bigint, pid int, started timestamptz, ended timestamptz)"
+    )
+    limited = "tests.support.limit_workers.limited_by_worker"
+    shigoto.enqueue_many([{"worker": limited, "args": {"ms": 100}, "queue": "mixed"}] * 40)
+    procs = [start_mixed_runner(db_url) for _ in range(2)]
+    try:
+        # Once the limited worker is saturated, unlimited jobs enqueued behind it still run.
+        wait_for(lambda: count(conn, "SELECT count(*) FROM overlap_log") >= 4, timeout=90)
+        shigoto.enqueue_many(
+            [{"worker": "tests.support.limit_workers.unlimited", "queue": "mixed"}] * 20
+        )
+        wait_for(lambda: count(conn, "SELECT count(*) FROM shigoto_jobs WHERE worker <> %s "
+                               "AND state = 'completed'", limited) == 20, timeout=60)  # fmt: skip
+        still_limited = count(conn, "SELECT count(*) FROM shigoto_jobs WHERE worker = %s AND "
+                              "state <> 'completed'", limited)  # fmt: skip
+        wait_for(lambda: count(conn, "SELECT count(*) FROM shigoto_jobs WHERE state = "
+                               "'completed'") == 60, timeout=90)  # fmt: skip
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            assert p.wait(30) == 0, p.stderr.read().decode() if p.stderr else ""
+    assert still_limited > 0, "the unlimited jobs overtook the limited backlog"
+    assert count(conn, MAX_OVERLAP.replace("%(since)s", "'-infinity'")) == 2
+    assert count(conn, "SELECT count(DISTINCT pid) FROM overlap_log") == 2, "both runners ran it"
+    # A job handed back on a lost race kept its attempt: every limited job ran once, first try.
+    assert count(conn, "SELECT max(attempt) FROM shigoto_jobs WHERE worker = %s", limited) == 1

@@ -24,3 +24,14 @@ def record_interval(ms: int = 100) -> None:
             "UPDATE overlap_log SET ended = clock_timestamp() WHERE job_id = %s AND pid = %s",
             (job.id, os.getpid()),
         )
+
+
+@shigoto.worker(queue="mixed", max_attempts=1, global_concurrency=2)
+def limited_by_worker(ms: int = 100) -> None:
+    """Limited on its own, across every runner, whatever queue it runs in."""
+    record_interval.fn(ms)
+
+
+@shigoto.worker(queue="mixed", max_attempts=1)
+def unlimited() -> None:
+    """Shares the queue with the limited worker; must not be held back by its limit."""

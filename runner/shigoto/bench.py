@@ -41,6 +41,7 @@ from psycopg import sql
 
 from shigoto import config, database, embedded, telemetry
 from shigoto.client import enqueue, enqueue_many
+from shigoto.errors import ValidationError
 from shigoto.migrate import migrate
 from shigoto.worker import worker
 
@@ -457,6 +458,122 @@ def run(url: str, cfg: BenchConfig, progress: Progress | None = None) -> dict[st
     return report
 
 
+# -- several runner processes ---------------------------------------------------------------
+
+_SPAN = """
+SELECT count(*), extract(epoch FROM max(completed_at) - min(attempted_at))::float8,
+       count(DISTINCT attempted_by)
+FROM {} WHERE state = 'completed'
+"""
+
+
+def _spawn_runner(url: str, cfg: BenchConfig, concurrency: int, limit: int | None) -> Any:
+    import subprocess
+
+    args = [sys.executable, "-m", "shigoto.cli", "--log-level", "warning", "run",
+            "--queue", f"{QUEUE}={concurrency}", "--import", "shigoto.bench", "--no-migrate",
+            "--schema", cfg.schema]  # fmt: skip
+    if limit:
+        args += ["--global-concurrency", f"{QUEUE}={limit}"]
+    env = {**os.environ, config.ENV_DATABASE_URL: url}
+    return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL)
+
+
+def measure_runners(
+    url: str, cfg: BenchConfig, progress: Progress, runners: int, concurrency: int,
+    limit: int | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """`runners` real `shigoto run` processes drain `process_jobs` no-op jobs.
+
+    Timed by the database, from the first claim to the last completion, so process start-up
+    is not counted.
+    """
+    import signal
+
+    _reset(url, cfg.schema)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DELETE FROM {}").format(
+            sql.Identifier(cfg.schema, "shigoto_queues")))  # fmt: skip
+    _preload(url, cfg, cfg.process_jobs)
+    label = f"{runners} runner(s) x {concurrency}" + (f", global {limit}" if limit else "")
+    procs = [_spawn_runner(url, cfg, concurrency, limit) for _ in range(runners)]
+    try:
+        with progress.phase(label, cfg.process_jobs) as advance:
+            done = 0
+            while done < cfg.process_jobs:
+                time.sleep(0.1)
+                now_done = _count(url, cfg.schema, "completed")
+                advance(now_done - done)
+                done = now_done
+                if any(p.poll() is not None for p in procs):
+                    raise RuntimeError("a benchmark runner exited before the jobs were done")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(60)
+    with psycopg.connect(url) as conn:
+        row = conn.execute(sql.SQL(_SPAN).format(_jobs_table(cfg.schema))).fetchone()
+    assert row is not None
+    count, span, nodes = row
+    return {
+        "runners": runners, "concurrency": concurrency, "global_limit": limit, "jobs": count,
+        "seconds": round(span, 3), "jobs_per_s": _rate(count, span), "runner_nodes": nodes,
+    }  # fmt: skip
+
+
+def run_runners(
+    url: str, cfg: BenchConfig, counts: list[int], limit: int | None, progress: Progress
+) -> dict[str, Any]:
+    """The multi-process report: rate per runner count, and the cost of a global limit.
+
+    The limit's cost is judged against the same total concurrency without a limit: `limit`
+    slots spread over the runners (at least one each) versus each runner at `concurrency`
+    under a global limit of `limit`.
+    """
+    report: dict[str, Any] = {"config": asdict(cfg), "environment": environment(url)}
+    try:
+        report["runners"] = [
+            measure_runners(url, cfg, progress, n, cfg.concurrency) for n in counts
+        ]
+        if limit:
+            n = max(counts)
+            local = max(limit // n, 1)
+            baseline = measure_runners(url, cfg, progress, n, local)
+            limited = measure_runners(url, cfg, progress, n, cfg.concurrency, limit)
+            ratio = (limited["jobs_per_s"] / baseline["jobs_per_s"]
+                     if limited["jobs_per_s"] and baseline["jobs_per_s"] else None)  # fmt: skip
+            report["global_limit"] = {"unlimited_same_total": baseline, "limited": limited,
+                                      "ratio": ratio and round(ratio, 3)}  # fmt: skip
+    finally:
+        database.close_pools()
+    report["environment"]["loadavg_after"] = _load()
+    return report
+
+
+def render_runners(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="shigoto bench --runners", title_justify="left")
+    for name in ("runners", "concurrency each", "global limit", "jobs/s", "seconds", "nodes"):
+        table.add_column(name, justify="right")
+    rows = list(report["runners"])
+    if "global_limit" in report:
+        rows += [report["global_limit"]["unlimited_same_total"], report["global_limit"]["limited"]]
+    for r in rows:
+        table.add_row(str(r["runners"]), str(r["concurrency"]), str(r["global_limit"] or "-"),
+                      _num(r["jobs_per_s"], ",.0f"), f"{r['seconds']:.2f}",
+                      str(r["runner_nodes"]))  # fmt: skip
+    console = Console()
+    console.print(table)
+    if "global_limit" in report:
+        ratio = report["global_limit"]["ratio"]
+        console.print(f"global limit vs the same total concurrency unlimited: "
+                      f"{_num(ratio and 100 * ratio, '.0f', ' %')}")  # fmt: skip
+
+
 _DROP = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
 
 
@@ -535,15 +652,35 @@ def main(args: argparse.Namespace, database_url: str) -> int:
     # The runners' start/stop and leadership lines would scroll the progress display;
     # warnings still show.
     logging.getLogger("shigoto").setLevel(logging.WARNING)
+    counts = _runner_counts(getattr(args, "runners", None))
+    limit = getattr(args, "global_limit", None)
     url = prepare_database(database_url, cfg.schema)
     try:
         with Progress(enabled=True) as progress:
-            report = run(url, cfg, progress)
+            if counts:
+                report = run_runners(url, cfg, counts, limit, progress)
+            else:
+                report = run(url, cfg, progress)
     finally:
         drop_database(database_url)
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
+    elif counts:
+        render_runners(report)
     else:
         render(report)
     return 0
+
+
+def _runner_counts(text: str | None) -> list[int]:
+    """`--runners 1,2,4` → [1, 2, 4]; errors name the flag."""
+    if not text:
+        return []
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValidationError("--runners", f"must be counts like 1,2,4, got {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise ValidationError("--runners", f"counts must be at least 1, got {text!r}")
+    return counts

@@ -167,6 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=20_000)
     p.add_argument("--concurrency", type=int, default=50)
     p.add_argument("--finished", type=int, default=0, help="re-measure with N finished rows")
+    p.add_argument("--runners", metavar="N[,N...]",
+                   help="instead: processing by N real runner processes, e.g. 1,2,4")
+    p.add_argument("--global-limit", type=int, metavar="L",
+                   help="with --runners: also measure a queue with a global limit of L")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("demo", help="the whole loop on an embedded PostgreSQL, no setup")

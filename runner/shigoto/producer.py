@@ -54,6 +54,7 @@ class Producer:
         self.paused = False
         self.slots: dict[int, int] = {}
         self._giving: set[asyncio.Future[None]] = set()
+        self._spare: list[int] = []
         self.running: dict[int, tuple[Job, asyncio.Task[None]]] = {}
         self._wake = asyncio.Event()
         self._claiming = True
@@ -78,7 +79,10 @@ class Producer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.poll_interval)
             self._wake.clear()
-            if not self._claiming or self.paused or self.free == 0:
+            if not self._claiming or self.paused:
+                await self.release_spare()
+                continue
+            if self.free == 0:
                 continue
             try:
                 jobs = await self._claim_batch()
@@ -98,10 +102,8 @@ class Producer:
     async def _claim_batch(self) -> list[Job]:
         wanted = min(self.free, self.claim_batch)
         started = time.monotonic()
-        slots: list[int] = []
-        limit = self.global_limit
-        if limit is not None and self.limiter is not None:
-            slots = await self.limiter.take(self.scope, limit, wanted)
+        slots = await self._slots_for(wanted)
+        if slots is not None:
             if not slots:
                 self._more_waiting = False  # retried on the next poll or wake-up
                 return []
@@ -129,9 +131,32 @@ class Producer:
         self._drained.clear()
         task.add_done_callback(lambda _t, job_id=job.id: self._finished(job_id))
 
+    async def _slots_for(self, wanted: int) -> list[int] | None:
+        """Global slots for a claim of `wanted` jobs; None when the queue has no global limit.
+
+        Slots of jobs that just finished here are reused without a round trip; only the rest
+        are taken from the database. Slot numbers beyond a lowered limit are given back.
+        """
+        spare, self._spare = self._spare, []
+        limit = self.global_limit
+        if limit is None or self.limiter is None:
+            await self._give(spare)
+            return None
+        usable = [s for s in spare if s < limit]
+        await self._give([s for s in spare if s >= limit] + usable[wanted:])
+        slots = usable[:wanted]
+        if len(slots) < wanted:
+            slots += await self.limiter.take(self.scope, limit, wanted - len(slots))
+        return slots
+
     def _given(self, task: asyncio.Future[None]) -> None:
         self._giving.discard(task)
         self._wake.set()
+
+    async def release_spare(self) -> None:
+        """Give back global slots kept for a next claim that will not come."""
+        spare, self._spare = self._spare, []
+        await self._give(spare)
 
     async def _give(self, slots: list[int]) -> None:
         if slots and self.limiter is not None:
@@ -140,9 +165,13 @@ class Producer:
     def _finished(self, job_id: int) -> None:
         self.running.pop(job_id, None)
         slot = self.slots.pop(job_id, None)
-        if slot is not None:
-            # Free the global slot first, then look for more work: this runner re-claims at
-            # once, so a limited queue runs at its limit even when other runners only poll.
+        if slot is not None and self._claiming and not self.paused:
+            # Keep the slot for the next claim, which comes at once: a busy limited queue runs
+            # at its limit without a round trip per job. A claim that finds the queue empty
+            # gives unused slots back, so spare slots never outlive one claim.
+            self._spare.append(slot)
+            self._wake.set()
+        elif slot is not None:
             task = asyncio.ensure_future(self._give([slot]))
             self._giving.add(task)
             task.add_done_callback(self._given)

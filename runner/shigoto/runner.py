@@ -237,6 +237,7 @@ class Runner:
             task = self._producer_tasks.pop(p.queue, None)
             if task is not None:
                 task.cancel()
+            await p.release_spare()
         if leftover:
             await self._put_back([job.id for job, _ in leftover])
 

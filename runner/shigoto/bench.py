@@ -528,9 +528,10 @@ def run_runners(
 ) -> dict[str, Any]:
     """The multi-process report: rate per runner count, and the cost of a global limit.
 
-    The limit's cost is judged against the same total concurrency without a limit: `limit`
-    slots spread over the runners (at least one each) versus each runner at `concurrency`
-    under a global limit of `limit`.
+    The limit's cost is judged against the same total concurrency without a limit: one
+    runner at concurrency `limit`, versus the largest runner count, each at `concurrency`,
+    held to `limit` in all by the global limit. Both run `limit` jobs at a time; the
+    difference is what the slots cost.
     """
     report: dict[str, Any] = {"config": asdict(cfg), "environment": environment(url)}
     try:
@@ -538,10 +539,8 @@ def run_runners(
             measure_runners(url, cfg, progress, n, cfg.concurrency) for n in counts
         ]
         if limit:
-            n = max(counts)
-            local = max(limit // n, 1)
-            baseline = measure_runners(url, cfg, progress, n, local)
-            limited = measure_runners(url, cfg, progress, n, cfg.concurrency, limit)
+            baseline = measure_runners(url, cfg, progress, 1, limit)
+            limited = measure_runners(url, cfg, progress, max(counts), cfg.concurrency, limit)
             ratio = (limited["jobs_per_s"] / baseline["jobs_per_s"]
                      if limited["jobs_per_s"] and baseline["jobs_per_s"] else None)  # fmt: skip
             report["global_limit"] = {"unlimited_same_total": baseline, "limited": limited,

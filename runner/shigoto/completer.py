@@ -17,6 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from shigoto import _sql, telemetry
 from shigoto.executor import Completion
+from shigoto.job import JobState
 
 log = logging.getLogger("shigoto.completer")
 
@@ -123,7 +124,13 @@ class Completer:
         async with self.pool.connection() as conn:
             params = wire_params(batch_params(batch, self.node))
             cur = await conn.execute(self.stmts.complete, params)
-            return cur.rowcount
+            acknowledged = cur.rowcount
+            # A zero-second snooze makes its job available again at once: wake a runner for
+            # it, as an insert would, instead of leaving it to the next poll.
+            again = sorted({c.job.queue for c in batch if c.state is JobState.AVAILABLE})
+            if again:
+                await conn.execute(self.stmts.notify_queues, {"queues": again})
+            return acknowledged
 
     async def drain(self, timeout: float) -> bool:
         """Stop after writing what is pending; False if that did not finish within `timeout`."""

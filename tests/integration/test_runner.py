@@ -87,6 +87,17 @@ async def test_notify_wakes_an_idle_runner(
     assert row(conn, job.id)["result"] == {"async": True, "n": 2}
 
 
+async def test_a_zero_second_snooze_runs_again_without_waiting_for_a_poll(
+    db_url: str, conn: psycopg.Connection[Any], claims: Claims
+) -> None:
+    """Polling is 10 minutes away: only the completer's NOTIFY can bring the job back."""
+    async with running(db_url, poll_interval=600):
+        await until(lambda: claims.by_queue.get("default", 0) >= 1, message="first claim")
+        job = shigoto.enqueue(W + "snooze_once", {"seconds": 0})
+        await until(lambda: state(conn, job.id) == "completed", message="snoozed job re-ran")
+    assert row(conn, job.id)["attempt"] == 1  # the snooze did not consume an attempt
+
+
 async def test_queues_can_be_added_and_removed_while_running(
     db_url: str, conn: psycopg.Connection[Any]
 ) -> None:

@@ -145,8 +145,11 @@ class Producer:
         usable = [s for s in spare if s < limit]
         await self._give([s for s in spare if s >= limit] + usable[wanted:])
         slots = usable[:wanted]
-        if len(slots) < wanted:
-            slots += await self.limiter.take(self.scope, limit, wanted - len(slots))
+        # Slots held by running jobs here count against the limit too: when this runner
+        # already holds all of them, asking the database for more is a wasted round trip.
+        more = min(wanted - len(slots), limit - len(slots) - len(self.slots))
+        if more > 0:
+            slots += await self.limiter.take(self.scope, limit, more)
         return slots
 
     def _given(self, task: asyncio.Future[None]) -> None:

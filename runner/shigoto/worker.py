@@ -158,9 +158,6 @@ class FunctionWorker(Worker, template=True):
     def on_discard_is_async(self) -> bool:
         return inspect.iscoroutinefunction(self._on_discard)
 
-    def call(self, args: dict[str, Any]) -> Any:
-        return self.fn(**args)
-
     def perform(self, args: dict[str, Any]) -> Any:
         return self.fn(**args)
 

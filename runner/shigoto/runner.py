@@ -228,15 +228,25 @@ class Runner:
 
     async def _drain_producers(self, producers: list[Producer], timeout: float) -> None:
         """Wait for in-flight jobs, then cancel the rest and put them back."""
-        await asyncio.gather(*(p.wait_drained(timeout) for p in producers))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        # A claim in flight has already committed its jobs: let the producer loop finish it
+        # and start them. Cancelling it there would leave those jobs neither run nor put
+        # back, executing until rescued.
+        loops = [t for p in producers if (t := self._producer_tasks.pop(p.queue, None))]
+        if loops:
+            _, stuck = await asyncio.wait(loops, timeout=timeout)
+            for task in stuck:
+                log.warning("a claim did not return before the shutdown timeout; its jobs "
+                            "stay executing until rescued")  # fmt: skip
+                task.cancel()
+        remaining = max(deadline - loop.time(), 0.0)
+        await asyncio.gather(*(p.wait_drained(remaining) for p in producers))
         leftover = [(job, task) for p in producers for job, task in p.running.values()]
         for _, task in leftover:
             task.cancel()
         await asyncio.gather(*(task for _, task in leftover), return_exceptions=True)
         for p in producers:
-            task = self._producer_tasks.pop(p.queue, None)
-            if task is not None:
-                task.cancel()
             await p.release_spare()
         if leftover:
             await self._put_back([job.id for job, _ in leftover])

@@ -98,6 +98,37 @@ async def test_a_zero_second_snooze_runs_again_without_waiting_for_a_poll(
     assert row(conn, job.id)["attempt"] == 1  # the snooze did not consume an attempt
 
 
+async def test_stopping_during_a_claim_leaves_no_job_stranded(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    """A stop that lands while a claim's answer is on its way: the claimed jobs still run
+    (or are handed back), none stays executing for the rescuer to find."""
+    jobs = [shigoto.enqueue(W + "echo", {"n": i}) for i in range(5)]
+    runner = shigoto.Runner({"default": 5}, database_url=db_url, poll_interval=600,
+                            stage_interval=0.1, shutdown_timeout=5.0)  # fmt: skip
+    claimed, answer = asyncio.Event(), asyncio.Event()
+    real_claim = runner._claim
+
+    async def slow_answer(queue: str, limit: int) -> list[Any]:
+        got = await real_claim(queue, limit)  # committed in the database
+        if got:
+            claimed.set()
+            await answer.wait()  # the reply is "still on the wire" when stop() comes
+        return got
+
+    runner._claim = slow_answer  # type: ignore[method-assign]
+    task = asyncio.create_task(runner.run())
+    await asyncio.wait_for(claimed.wait(), 20)
+    stopping = asyncio.create_task(runner.stop())
+    await asyncio.sleep(0.1)  # let the shutdown begin while the claim is pending
+    answer.set()
+    await stopping
+    await asyncio.wait_for(task, 20)
+    states = {state(conn, j.id) for j in jobs}
+    assert "executing" not in states, states
+    assert states <= {"completed", "available"}
+
+
 async def test_queues_can_be_added_and_removed_while_running(
     db_url: str, conn: psycopg.Connection[Any]
 ) -> None:

@@ -1,0 +1,49 @@
+"""Operator-wide settings, read from the environment once at startup. Pure.
+
+Per-queue behaviour lives in each Queue's spec; these are the few knobs of the operator
+process itself, each with an env var so the operator Deployment can set it.
+
+| setting | env var | default |
+| --- | --- | --- |
+| cron scheduler tick, per database | `SHIGOTO_OPERATOR_CRON_INTERVAL` | 1 s |
+| CronSchedule status refresh | `SHIGOTO_OPERATOR_CRON_STATUS_INTERVAL` | 10 s |
+| leader election retry, per database | `SHIGOTO_OPERATOR_LEADER_INTERVAL` | 2 s |
+| wait before re-checking an invalid Queue | `SHIGOTO_OPERATOR_RETRY_INTERVAL` | 10 s |
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)  # not slotted: from_env reads the class defaults
+class OperatorConfig:
+    cron_interval: float = 1.0
+    cron_status_interval: float = 10.0
+    leader_interval: float = 2.0
+    retry_interval: float = 10.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> OperatorConfig:
+        def seconds(name: str, default: float) -> float:
+            text = env.get(name)
+            if not text:
+                return default
+            try:
+                value = float(text)
+            except ValueError:
+                raise ValueError(f"{name}: {text!r} is not a number of seconds") from None
+            if value <= 0:
+                raise ValueError(f"{name}: must be above 0, got {value}")
+            return value
+
+        return cls(
+            cron_interval=seconds("SHIGOTO_OPERATOR_CRON_INTERVAL", cls.cron_interval),
+            cron_status_interval=seconds(
+                "SHIGOTO_OPERATOR_CRON_STATUS_INTERVAL", cls.cron_status_interval
+            ),
+            leader_interval=seconds("SHIGOTO_OPERATOR_LEADER_INTERVAL", cls.leader_interval),
+            retry_interval=seconds("SHIGOTO_OPERATOR_RETRY_INTERVAL", cls.retry_interval),
+        )

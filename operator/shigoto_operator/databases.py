@@ -1,0 +1,170 @@
+"""Every database the operator knows, with what it runs there: counts and the cron scheduler.
+
+A database (URL + schema) becomes known when a Queue or a CronSchedule pointing at it is
+reconciled, and is forgotten when the last of them goes. While known it has:
+
+- a small connection pool (opened without waiting, so an unreachable database never blocks a
+  reconcile; the counts then report the failure),
+- a `CountsCache` (one counting query for all its queues, see `dbcounts`),
+- a `shigoto.cron.CronScheduler` gated by its own `Elector`. Runner Deployments may be scaled
+  to zero, so the operator enqueues cron slots itself. The advisory lock is named
+  `operator-cron`, not the runners' `leader`: holding the runners' lock would starve their
+  rescuer and pruner. Two operator replicas elect one scheduler per database; and even a
+  runner started with `--cron` next to it cannot double a slot, since each slot's job carries
+  a unique key and the schedule row is locked while it is enqueued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from shigoto.cron import CronScheduler
+from shigoto.elector import Elector
+from shigoto_operator.config import OperatorConfig
+from shigoto_operator.dbcounts import QUERY_TIMEOUT, CountsCache
+
+log = logging.getLogger("shigoto.operator.databases")
+
+ELECTION_NAME = "operator-cron"
+
+_CRON_ROW = "SELECT * FROM {cron} WHERE name = %(name)s"
+
+Key = tuple[str, str]  # (url, schema)
+
+
+def describe(url: str) -> str:
+    """`host:port/dbname` of a URL, for logs and messages: never the password."""
+    try:
+        info = conninfo_to_dict(url)
+    except Exception:
+        return "<unparsable database URL>"
+    host = info.get("host") or "localhost"
+    port = info.get("port") or "5432"
+    return f"{host}:{port}/{info.get('dbname') or info.get('user') or '?'}"
+
+
+class Database:
+    """One database's pool, counts cache, and leader-elected cron scheduler."""
+
+    def __init__(self, url: str, schema: str, config: OperatorConfig) -> None:
+        self.url = url
+        self.schema = schema
+        self.name = f"{describe(url)} (schema {schema})"
+        self.pool = AsyncConnectionPool(
+            url,
+            min_size=1,
+            max_size=4,
+            open=False,
+            name=f"shigoto-operator {self.name}",
+            kwargs={"autocommit": True},
+            timeout=QUERY_TIMEOUT,
+        )
+        self.counts = CountsCache(self.pool, schema)
+        self.elector = Elector(url, schema, interval=config.leader_interval, name=ELECTION_NAME)
+        self.scheduler = CronScheduler(
+            self.pool,
+            schema,
+            is_leader=lambda: self.elector.is_leader,
+            interval=config.cron_interval,
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        await self.pool.open(wait=False)
+        self._tasks = [
+            asyncio.create_task(self.elector.run(), name=f"elector {self.name}"),
+            asyncio.create_task(self.scheduler.run(), name=f"cron {self.name}"),
+        ]
+        log.info("watching database %s: counts and cron", self.name)
+
+    async def stop(self) -> None:
+        self.scheduler.stop()
+        await self.elector.stop()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(task, 10)
+        await self.pool.close()
+        log.info("stopped watching database %s", self.name)
+
+    async def cron_row(self, name: str) -> dict[str, Any] | None:
+        """The `shigoto_cron` row `name`, or None."""
+        stmt = sql.SQL(_CRON_ROW).format(cron=sql.Identifier(self.schema, "shigoto_cron"))
+        async with self.pool.connection(timeout=QUERY_TIMEOUT) as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(stmt, {"name": name})
+            return await cur.fetchone()
+
+
+@dataclass
+class _Use:
+    key: Key
+    queue: str | None = None
+
+
+@dataclass
+class Databases:
+    """The registry: objects ("users") acquire the database they point at and release it."""
+
+    config: OperatorConfig = field(default_factory=OperatorConfig)
+    _dbs: dict[Key, Database] = field(default_factory=dict)
+    _uses: dict[str, _Use] = field(default_factory=dict)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def acquire(
+        self, url: str, schema: str, user: str, *, queue: str | None = None
+    ) -> Database:
+        """The database for `user` (e.g. "Queue/ns/name"), started on first use. Pointing a
+        user at another database (or queue) releases what it used before."""
+        key = (url, schema)
+        async with self._lock:
+            old = self._uses.get(user)
+            if old is not None and (old.key, old.queue) != (key, queue):
+                await self._detach(user)
+            db = self._dbs.get(key)
+            if db is None:
+                db = self._dbs[key] = Database(url, schema, self.config)
+                await db.start()
+            self._uses[user] = _Use(key, queue)
+            if queue is not None:
+                db.counts.register(queue)
+            return db
+
+    async def release(self, user: str) -> None:
+        async with self._lock:
+            await self._detach(user)
+
+    async def _detach(self, user: str) -> None:
+        use = self._uses.pop(user, None)
+        if use is None:
+            return
+        db = self._dbs.get(use.key)
+        if db is None:
+            return
+        still = [u for u in self._uses.values() if u.key == use.key]
+        if use.queue is not None and not any(u.queue == use.queue for u in still):
+            db.counts.forget(use.queue)
+        if not still:
+            del self._dbs[use.key]
+            await db.stop()
+
+    def get(self, url: str, schema: str) -> Database | None:
+        return self._dbs.get((url, schema))
+
+    @property
+    def known(self) -> list[Database]:
+        return list(self._dbs.values())
+
+    async def close(self) -> None:
+        async with self._lock:
+            dbs, self._dbs, self._uses = list(self._dbs.values()), {}, {}
+        for db in dbs:
+            await db.stop()

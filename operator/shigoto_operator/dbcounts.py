@@ -1,0 +1,163 @@
+"""Job counts for every Queue of one database, in one query, shared through a small cache.
+
+Ten Queues on one database do not run ten counting queries per poll: each Queue's poll asks
+the database's `CountsCache`, which answers from its last result while that is younger than
+half the asking Queue's poll interval, and otherwise runs ONE query for every queue registered
+on that database. So a database sees at most about two counting queries per poll interval,
+however many Queues point at it, and no Queue scales on counts older than half its interval.
+
+The query reads non-finished states through the partial indexes (claim, stage, executing);
+finished counts (completed, discarded, cancelled) scan only what the pruner has not archived
+yet. The database's own `now()` comes back with the counts, so "due within the next poll" is
+judged on the database's clock, as every other time in Shigoto. The same query reads each
+queue's shared settings (`shigoto_queues`: paused, global concurrency), so the operator notices
+when they drift from the spec without a second query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from shigoto_operator.policy import JobCounts
+
+# One row per requested queue (zeros for queues without jobs, NULL settings without a settings
+# row), each carrying now().
+_COUNTS = """
+WITH counts AS (
+    SELECT queue,
+           count(*) FILTER (WHERE state = 'available') AS available,
+           count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
+           count(*) FILTER (WHERE state = 'executing') AS executing,
+           count(*) FILTER (WHERE state = 'retryable') AS retryable,
+           count(*) FILTER (WHERE state = 'completed') AS completed,
+           count(*) FILTER (WHERE state = 'discarded') AS discarded,
+           count(*) FILTER (WHERE state = 'cancelled') AS cancelled,
+           -- the stager moves these to available once due; a runner must exist to do it
+           min(scheduled_at) FILTER (WHERE state IN ('scheduled', 'retryable')) AS next_due_at
+    FROM {jobs}
+    WHERE queue = ANY(%(queues)s)
+    GROUP BY queue
+)
+SELECT q.queue,
+       coalesce(c.available, 0), coalesce(c.scheduled, 0), coalesce(c.executing, 0),
+       coalesce(c.retryable, 0), coalesce(c.completed, 0), coalesce(c.discarded, 0),
+       coalesce(c.cancelled, 0), c.next_due_at, now(), s.paused, s.global_concurrency
+FROM unnest(%(queues)s::text[]) AS q(queue)
+LEFT JOIN counts c ON c.queue = q.queue
+LEFT JOIN {queues} s ON s.name = q.queue
+"""
+
+#: How long a query may take before the poll reports the database as unreachable.
+QUERY_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One queue's counts, and its shared settings as stored (`paused` None: no settings row)."""
+
+    counts: JobCounts
+    paused: bool | None = None
+    global_concurrency: int | None = None
+
+
+class CountsUnavailable(Exception):
+    """The counts could not be read; the message says why, without the URL's password."""
+
+
+def counts_statement(schema: str) -> sql.Composed:
+    return sql.SQL(_COUNTS).format(
+        jobs=sql.Identifier(schema, "shigoto_jobs"), queues=sql.Identifier(schema, "shigoto_queues")
+    )
+
+
+async def fetch(
+    conn: psycopg.AsyncConnection, schema: str, queues: Iterable[str]
+) -> dict[str, Reading]:
+    """Counts and settings for `queues` in one round trip."""
+    names = sorted(set(queues))
+    if not names:
+        return {}
+    cur = await conn.execute(counts_statement(schema), {"queues": names})
+    out = {}
+    for row in await cur.fetchall():
+        counts = JobCounts(
+            available=row[1],
+            scheduled=row[2],
+            executing=row[3],
+            retryable=row[4],
+            completed=row[5],
+            discarded=row[6],
+            cancelled=row[7],
+            next_due_at=row[8],
+            observed_at=row[9],
+        )
+        out[row[0]] = Reading(counts, paused=row[10], global_concurrency=row[11])
+    return out
+
+
+@dataclass
+class _Result:
+    at: float
+    readings: dict[str, Reading]
+    error: str | None = None
+
+
+class CountsCache:
+    """The last counts of one database, refreshed by one query for all its queues."""
+
+    def __init__(
+        self, pool: AsyncConnectionPool, schema: str, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.pool = pool
+        self.schema = schema
+        self.clock = clock
+        self.queries = 0  # for tests and metrics: how many counting queries ran
+        self._queues: set[str] = set()
+        self._last: _Result | None = None
+        self._lock = asyncio.Lock()
+
+    def register(self, queue: str) -> None:
+        self._queues.add(queue)
+
+    def forget(self, queue: str) -> None:
+        self._queues.discard(queue)
+
+    @property
+    def queues(self) -> frozenset[str]:
+        return frozenset(self._queues)
+
+    async def get(self, queue: str, *, max_age: float) -> Reading:
+        """`queue`'s reading, no older than `max_age` seconds; raises `CountsUnavailable`."""
+        self.register(queue)
+        async with self._lock:  # one refresh at a time; waiters then reuse its result
+            last = self._last
+            fresh = last is not None and self.clock() - last.at < max_age
+            if not fresh or last is None or (last.error is None and queue not in last.readings):
+                last = self._last = await self._refresh()
+        if last.error is not None:
+            raise CountsUnavailable(last.error)
+        return last.readings[queue]
+
+    async def _refresh(self) -> _Result:
+        at = self.clock()
+        self.queries += 1
+        try:
+            async with self.pool.connection(timeout=QUERY_TIMEOUT) as conn:
+                readings = await asyncio.wait_for(
+                    fetch(conn, self.schema, self._queues), QUERY_TIMEOUT
+                )
+        except PoolTimeout:
+            return _Result(at, {}, f"no connection to the database within {QUERY_TIMEOUT:.0f}s")
+        except TimeoutError:
+            return _Result(at, {}, f"the counting query took longer than {QUERY_TIMEOUT:.0f}s")
+        except psycopg.Error as exc:
+            # psycopg messages name host and database but never the password
+            return _Result(at, {}, f"counting jobs failed: {exc}".strip())
+        return _Result(at, readings)

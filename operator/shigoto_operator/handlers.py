@@ -1,0 +1,167 @@
+"""kopf wiring: every handler of the operator, and nothing else. Importing it registers them.
+
+Each Queue and CronSchedule gets a daemon (kopf starts it when the object appears or the
+operator starts, stops it when the object is deleted) that runs a `reconcile` pass, then waits
+for its poll interval or for a spec change, whichever comes first. A daemon rather than a timer
+because the interval is per object (`pollIntervalSeconds`) and because a pass every second would
+otherwise fill the log with "Timer succeeded". The update handlers only wake the daemon, so all
+writes to an object's status come from one place. Deletion goes through kopf's finalizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import kopf
+
+from shigoto_operator import crds, reconcile
+from shigoto_operator.config import OperatorConfig
+from shigoto_operator.databases import Databases
+
+QUEUES = (crds.GROUP, crds.VERSION, crds.QUEUE_PLURAL)
+CRON_SCHEDULES = (crds.GROUP, crds.VERSION, crds.CRON_PLURAL)
+#: kopf's annotations (progress, last-handled spec) carry our prefix; the status schema keeps
+#: only the operator's own fields, so kopf's progress cannot live in status.
+PREFIX = "shigoto.dev"
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.finalizer = f"{PREFIX}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.INFO
+    memo.config = OperatorConfig.from_env()
+    memo.databases = Databases(memo.config)
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await memo.databases.close()
+
+
+def _emitter(body: kopf.Body) -> reconcile.Emit:
+    def emit(type_: str, reason: str, message: str) -> None:
+        kopf.event(body, type=type_, reason=reason, message=message)
+
+    return emit
+
+
+def _wake(memo: kopf.Memo) -> asyncio.Event:
+    """The per-object event that cuts a daemon's wait short (kopf's `memo` is per object)."""
+    if "wake" not in memo:
+        memo.wake = asyncio.Event()
+    return memo.wake  # type: ignore[no-any-return]
+
+
+async def _pause(stopped: kopf.DaemonStopped, wake: asyncio.Event, seconds: float) -> None:
+    """Wait `seconds`, or less if the daemon is stopped or woken."""
+
+    async def until_stopped() -> None:
+        await stopped.wait()
+
+    waiters = [asyncio.ensure_future(until_stopped()), asyncio.ensure_future(wake.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        wake.clear()
+
+
+async def _run(
+    stopped: kopf.DaemonStopped,
+    memo: kopf.Memo,
+    logger: logging.Logger,
+    what: str,
+    pass_: Callable[[], Awaitable[float]],
+) -> None:
+    """A daemon's loop: pass, wait, repeat; an unexpected failure is logged, never fatal."""
+    memo.daemon_running = True
+    try:
+        while not stopped:
+            try:
+                interval = await pass_()
+            except Exception:
+                logger.exception("%s: reconcile pass failed; retrying", what)
+                interval = memo.config.retry_interval
+            await _pause(stopped, _wake(memo), interval)
+    finally:
+        memo.daemon_running = False
+
+
+# --- Queue -------------------------------------------------------------------------------------
+
+
+@kopf.daemon(*QUEUES, cancellation_timeout=30)
+async def queue_daemon(
+    body: kopf.Body,
+    memo: kopf.Memo,
+    stopped: kopf.DaemonStopped,
+    logger: logging.Logger,
+    **_: Any,
+) -> None:
+    memory = reconcile.QueueMemory()
+    emit = _emitter(body)
+
+    async def pass_() -> float:
+        return await reconcile.queue_pass(body, memory, memo.databases, emit, memo.config)
+
+    await _run(stopped, memo, logger, "Queue", pass_)
+
+
+@kopf.on.update(*QUEUES, field="spec")
+async def queue_changed(memo: kopf.Memo, **_: Any) -> None:
+    _wake(memo).set()
+
+
+@kopf.on.delete(*QUEUES)
+async def queue_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    if memo.get("daemon_running"):
+        # a pass in flight could re-create the Deployment right after it is deleted
+        raise kopf.TemporaryError("waiting for the Queue's reconciler to stop", delay=1)
+    try:
+        await reconcile.delete_queue(body, memo.databases, _emitter(body))
+    except reconcile.Retry as exc:
+        raise kopf.TemporaryError(str(exc), delay=exc.delay) from exc
+
+
+# --- CronSchedule ------------------------------------------------------------------------------
+
+
+@kopf.daemon(*CRON_SCHEDULES, cancellation_timeout=30)
+async def cron_daemon(
+    body: kopf.Body,
+    memo: kopf.Memo,
+    stopped: kopf.DaemonStopped,
+    logger: logging.Logger,
+    **_: Any,
+) -> None:
+    memo.cron_memory = memory = reconcile.CronMemory()
+    emit = _emitter(body)
+
+    async def pass_() -> float:
+        return await reconcile.cron_pass(body, memory, memo.databases, emit, memo.config)
+
+    await _run(stopped, memo, logger, "CronSchedule", pass_)
+
+
+@kopf.on.update(*CRON_SCHEDULES, field="spec")
+async def cron_changed(memo: kopf.Memo, **_: Any) -> None:
+    _wake(memo).set()
+
+
+@kopf.on.delete(*CRON_SCHEDULES)
+async def cron_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    if memo.get("daemon_running"):
+        # a pass in flight could write the row again right after it is removed
+        raise kopf.TemporaryError("waiting for the CronSchedule's reconciler to stop", delay=1)
+    try:
+        await reconcile.delete_cron(body, memo.get("cron_memory"), memo.databases, _emitter(body))
+    except reconcile.Retry as exc:
+        raise kopf.TemporaryError(str(exc), delay=exc.delay) from exc

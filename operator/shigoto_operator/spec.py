@@ -1,0 +1,387 @@
+"""Queue and CronSchedule specs, parsed and defaulted into frozen values. Pure.
+
+The API server applies the CRD's defaults and rejects most bad input before the operator sees an
+object, but not always: an object stored before a CRD upgrade, a cluster that skips validation,
+or kmock in the tests (which validates nothing). So the operator applies the very same defaults
+(`crds.queue_defaults`, one source of truth) and checks every field it relies on again, raising
+`SpecError` that names the field as `kubectl explain` spells it. The reconciler then reports an
+`InvalidSpec` condition instead of crashing or building a broken Deployment.
+
+Imports neither kopf, the Kubernetes client nor psycopg.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from shigoto_operator import crds
+
+AutoscalingMode = Literal["operator", "keda"]
+CatchUp = Literal["latest", "all", "none"]
+
+#: Set by the operator from `database`; a user value would silently fight it.
+RESERVED_ENV = frozenset({"SHIGOTO_DATABASE_URL", "SHIGOTO_SCHEMA"})
+
+#: `shigoto.cron` accepts names of at most 200 characters.
+MAX_CRON_ROW_NAME = 200
+
+_QUEUE_NAME = re.compile(crds.QUEUE_NAME_PATTERN)
+_SCHEMA_NAME = re.compile(crds.SCHEMA_NAME_PATTERN)
+_MODULE = re.compile(crds.MODULE_PATTERN)
+_INT32_MAX = 2**31 - 1
+
+
+class SpecError(ValueError):
+    """A spec the operator cannot act on; `path` names the field as `kubectl explain` does."""
+
+    def __init__(self, field: str, message: str, *, root: str = "spec") -> None:
+        self.path = f"{root}.{field}"
+        super().__init__(f"{self.path}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseRef:
+    """Where the jobs live: a Secret key holding a libpq URL, and the schema of the tables."""
+
+    secret_name: str
+    secret_key: str = "url"
+    schema: str = "public"
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """The runner pods. Kubernetes-typed fields (env, resources, ...) stay plain dicts."""
+
+    image: str
+    image_pull_policy: str | None = None
+    imports: tuple[str, ...] = ()
+    env: tuple[dict[str, Any], ...] = ()
+    env_from: tuple[dict[str, Any], ...] = ()
+    resources: Mapping[str, Any] | None = None
+    node_selector: Mapping[str, str] | None = None
+    tolerations: tuple[dict[str, Any], ...] = ()
+    affinity: Mapping[str, Any] | None = None
+    service_account_name: str | None = None
+    image_pull_secrets: tuple[str, ...] = ()
+    pod_labels: Mapping[str, str] | None = None
+    pod_annotations: Mapping[str, str] | None = None
+    shutdown_timeout_seconds: int = 15
+    health_port: int = 8000
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscalingSpec:
+    mode: AutoscalingMode = "operator"
+    min_replicas: int = 0
+    max_replicas: int = 10
+    target_jobs_per_replica: int = 100
+    scale_down_stabilization_seconds: int = 300
+    poll_interval_seconds: int = 10
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    """A Queue object's spec, with `metadata.name` and namespace, fully defaulted."""
+
+    name: str
+    namespace: str
+    queue_name: str
+    database: DatabaseRef
+    runner: RunnerSpec
+    concurrency: int = 10
+    global_concurrency: int | None = None
+    paused: bool = False
+    autoscaling: AutoscalingSpec = AutoscalingSpec()
+
+
+@dataclass(frozen=True)
+class CronScheduleSpec:
+    """A CronSchedule object's spec. The cron expression itself is checked by the reconciler
+    with `shigoto.cron.build_schedule`, which needs the zone database and croniter."""
+
+    name: str
+    namespace: str
+    schedule: str
+    worker: str
+    database: DatabaseRef
+    time_zone: str = "UTC"
+    args: Mapping[str, Any] | None = None
+    queue: str = "default"
+    priority: int = 0
+    max_attempts: int | None = None
+    tags: tuple[str, ...] = ()
+    suspend: bool = False
+    catch_up: CatchUp = "latest"
+    catch_up_limit: int = 100
+
+    @property
+    def row_name(self) -> str:
+        return cron_row_name(self.namespace, self.name)
+
+
+# --- field readers: each names the field and says what it wants ------------------------------
+
+
+def _object(value: Any, field: str, *, required: bool = False) -> dict[str, Any]:
+    if value is None:
+        if required:
+            raise SpecError(field, "is required")
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecError(field, f"must be an object, got {type(value).__name__}")
+    return dict(value)
+
+
+def _string(
+    value: Any,
+    field: str,
+    *,
+    required: bool = False,
+    pattern: re.Pattern[str] | None = None,
+    max_length: int | None = None,
+) -> str | None:
+    if value is None or value == "":
+        if required:
+            raise SpecError(field, "is required")
+        return None
+    if not isinstance(value, str):
+        raise SpecError(field, f"must be a string, got {type(value).__name__}")
+    if max_length is not None and len(value) > max_length:
+        raise SpecError(field, f"must be at most {max_length} characters")
+    if pattern is not None and not pattern.match(value):
+        raise SpecError(field, f"{value!r} does not match {pattern.pattern}")
+    return value
+
+
+def _integer(value: Any, field: str, *, minimum: int, maximum: int = _INT32_MAX) -> int:
+    # bool is an int in Python but never a valid count here
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(field, f"must be a whole number, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise SpecError(field, f"must be from {minimum} to {maximum}, got {value}")
+    return value
+
+
+def _boolean(value: Any, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise SpecError(field, f"must be true or false, got {value!r}")
+    return value
+
+
+def _objects(value: Any, field: str) -> tuple[dict[str, Any], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise SpecError(field, f"must be a list, got {type(value).__name__}")
+    out = []
+    for i, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            raise SpecError(f"{field}[{i}]", "must be an object")
+        out.append(copy.deepcopy(dict(item)))
+    return tuple(out)
+
+
+def _string_map(value: Any, field: str) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise SpecError(field, "must map strings to strings")
+    return dict(value) or None
+
+
+def _opaque(value: Any, field: str) -> dict[str, Any] | None:
+    return copy.deepcopy(_object(value, field)) or None
+
+
+def _database(value: Any) -> DatabaseRef:
+    db = _object(value, "database", required=True)
+    ref = _object(db.get("secretRef"), "database.secretRef", required=True)
+    name = _string(ref.get("name"), "database.secretRef.name", required=True, max_length=253)
+    key = _string(ref.get("key", "url"), "database.secretRef.key", required=True)
+    schema = _string(
+        db.get("schema", "public"), "database.schema", required=True, pattern=_SCHEMA_NAME
+    )
+    assert name and key and schema
+    return DatabaseRef(secret_name=name, secret_key=key, schema=schema)
+
+
+def _runner(value: Any) -> RunnerSpec:
+    r = _object(value, "runner", required=True)
+    image = _string(r.get("image"), "runner.image", required=True)
+    assert image
+    policy = _string(r.get("imagePullPolicy"), "runner.imagePullPolicy")
+    if policy is not None and policy not in ("Always", "IfNotPresent", "Never"):
+        raise SpecError("runner.imagePullPolicy", "must be Always, IfNotPresent or Never")
+    imports = r.get("imports") or []
+    if not isinstance(imports, list):
+        raise SpecError("runner.imports", "must be a list of module names")
+    for i, module in enumerate(imports):
+        _string(module, f"runner.imports[{i}]", required=True, pattern=_MODULE)
+    env = _objects(r.get("env"), "runner.env")
+    for i, var in enumerate(env):
+        name = _string(var.get("name"), f"runner.env[{i}].name", required=True)
+        if name in RESERVED_ENV:
+            raise SpecError(
+                f"runner.env[{i}].name",
+                f"{name} is set by the operator from spec.database; change database instead",
+            )
+    pull_secrets = []
+    for i, item in enumerate(_objects(r.get("imagePullSecrets"), "runner.imagePullSecrets")):
+        secret = _string(item.get("name"), f"runner.imagePullSecrets[{i}].name", required=True)
+        assert secret
+        pull_secrets.append(secret)
+    return RunnerSpec(
+        image=image,
+        image_pull_policy=policy,
+        imports=tuple(imports),
+        env=env,
+        env_from=_objects(r.get("envFrom"), "runner.envFrom"),
+        resources=_opaque(r.get("resources"), "runner.resources"),
+        node_selector=_string_map(r.get("nodeSelector"), "runner.nodeSelector"),
+        tolerations=_objects(r.get("tolerations"), "runner.tolerations"),
+        affinity=_opaque(r.get("affinity"), "runner.affinity"),
+        service_account_name=_string(r.get("serviceAccountName"), "runner.serviceAccountName"),
+        image_pull_secrets=tuple(pull_secrets),
+        pod_labels=_string_map(r.get("podLabels"), "runner.podLabels"),
+        pod_annotations=_string_map(r.get("podAnnotations"), "runner.podAnnotations"),
+        shutdown_timeout_seconds=_integer(
+            r.get("shutdownTimeoutSeconds"),
+            "runner.shutdownTimeoutSeconds",
+            minimum=1,
+            maximum=3600,
+        ),
+        health_port=_integer(r.get("healthPort"), "runner.healthPort", minimum=1, maximum=65535),
+    )
+
+
+def _autoscaling(value: Any) -> AutoscalingSpec:
+    a = _object(value, "autoscaling")
+    mode = a.get("mode")
+    if mode not in ("operator", "keda"):
+        raise SpecError("autoscaling.mode", f"must be operator or keda, got {mode!r}")
+    min_replicas = _integer(a.get("minReplicas"), "autoscaling.minReplicas", minimum=0)
+    max_replicas = _integer(a.get("maxReplicas"), "autoscaling.maxReplicas", minimum=1)
+    if min_replicas > max_replicas:
+        raise SpecError(
+            "autoscaling.minReplicas",
+            f"must be less than or equal to autoscaling.maxReplicas ({min_replicas} > "
+            f"{max_replicas})",
+        )
+    return AutoscalingSpec(
+        mode=mode,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        target_jobs_per_replica=_integer(
+            a.get("targetJobsPerReplica"), "autoscaling.targetJobsPerReplica", minimum=1
+        ),
+        scale_down_stabilization_seconds=_integer(
+            a.get("scaleDownStabilizationSeconds"),
+            "autoscaling.scaleDownStabilizationSeconds",
+            minimum=0,
+        ),
+        poll_interval_seconds=_integer(
+            a.get("pollIntervalSeconds"),
+            "autoscaling.pollIntervalSeconds",
+            minimum=1,
+            maximum=3600,
+        ),
+    )
+
+
+# --- the two kinds ---------------------------------------------------------------------------
+
+
+def parse_queue(name: str, namespace: str, spec: Mapping[str, Any] | None) -> QueueSpec:
+    """Default and check a Queue spec; raises `SpecError` naming the first bad field."""
+    if len(name) > crds.MAX_QUEUE_OBJECT_NAME:
+        raise SpecError(
+            "name",
+            f"the Queue's name must be at most {crds.MAX_QUEUE_OBJECT_NAME} characters so "
+            f"its Deployment {crds.RUNNER_PREFIX}{name} stays a valid label value",
+            root="metadata",
+        )
+    s = crds.queue_defaults(_object(spec, "spec"))
+    queue_name = _string(
+        s.get("queueName") or name,
+        "queueName",
+        required=True,
+        pattern=_QUEUE_NAME,
+        max_length=crds.MAX_QUEUE_NAME,
+    )
+    assert queue_name
+    global_concurrency = s.get("globalConcurrency")
+    if global_concurrency is not None:
+        global_concurrency = _integer(global_concurrency, "globalConcurrency", minimum=1)
+    return QueueSpec(
+        name=name,
+        namespace=namespace,
+        queue_name=queue_name,
+        concurrency=_integer(s.get("concurrency"), "concurrency", minimum=1, maximum=10000),
+        global_concurrency=global_concurrency,
+        paused=_boolean(s.get("paused"), "paused"),
+        database=_database(s.get("database")),
+        runner=_runner(s.get("runner")),
+        autoscaling=_autoscaling(s.get("autoscaling")),
+    )
+
+
+def parse_cron(name: str, namespace: str, spec: Mapping[str, Any] | None) -> CronScheduleSpec:
+    """Default and check a CronSchedule spec (shape only; see `CronScheduleSpec`)."""
+    s = crds.cron_defaults(_object(spec, "spec"))
+    schedule = _string(s.get("schedule"), "schedule", required=True, max_length=256)
+    worker = _string(s.get("worker"), "worker", required=True, max_length=255)
+    time_zone = _string(s.get("timeZone"), "timeZone", required=True, max_length=64)
+    queue = _string(
+        s.get("queue"), "queue", required=True, pattern=_QUEUE_NAME, max_length=crds.MAX_QUEUE_NAME
+    )
+    assert schedule and worker and time_zone and queue
+    max_attempts = s.get("maxAttempts")
+    if max_attempts is not None:
+        max_attempts = _integer(max_attempts, "maxAttempts", minimum=1)
+    tags = s.get("tags") or []
+    if not isinstance(tags, list):
+        raise SpecError("tags", "must be a list of strings")
+    for i, tag in enumerate(tags):
+        _string(tag, f"tags[{i}]", required=True)
+    catch_up = s.get("catchUp")
+    if catch_up not in ("latest", "all", "none"):
+        raise SpecError("catchUp", f"must be latest, all or none, got {catch_up!r}")
+    return CronScheduleSpec(
+        name=name,
+        namespace=namespace,
+        schedule=schedule,
+        worker=worker,
+        database=_database(s.get("database")),
+        time_zone=time_zone,
+        args=copy.deepcopy(_object(s.get("args"), "args")),
+        queue=queue,
+        priority=_integer(s.get("priority"), "priority", minimum=-(2**31)),
+        max_attempts=max_attempts,
+        tags=tuple(tags),
+        suspend=_boolean(s.get("suspend"), "suspend"),
+        catch_up=catch_up,
+        catch_up_limit=_integer(s.get("catchUpLimit"), "catchUpLimit", minimum=1, maximum=10000),
+    )
+
+
+def cron_row_name(namespace: str, name: str) -> str:
+    """The `shigoto_cron` row of a CronSchedule: `<namespace>/<name>`, unique per cluster.
+
+    A slash never occurs in Kubernetes names, so these rows cannot collide with schedules
+    stored by `shigoto run --cron` or `shigoto.cron.schedule`. Names too long for the table
+    keep a readable prefix and end in a hash of the full name.
+    """
+    full = f"{namespace}/{name}"
+    if len(full) <= MAX_CRON_ROW_NAME:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:16]
+    return f"{full[: MAX_CRON_ROW_NAME - 17]}~{digest}"

@@ -23,6 +23,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+#: Job states counted in a Queue's status, as the engine names them (shigoto.job.JobState; not
+#: imported from there, since this module must not pull in the engine and its driver).
+JOB_STATES = (
+    "available", "scheduled", "executing", "retryable", "completed", "discarded", "cancelled",
+)  # fmt: skip
+
 GROUP = "shigoto.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -294,16 +300,7 @@ QUEUE_STATUS_SCHEMA: dict[str, Any] = {
             "type": "object",
             "description": "Jobs of this queue by state, from the last poll.",
             "properties": {
-                state: _integer(f"Jobs in state {state}.", fmt="int64")
-                for state in (
-                    "available",
-                    "scheduled",
-                    "executing",
-                    "retryable",
-                    "completed",
-                    "discarded",
-                    "cancelled",
-                )
+                state: _integer(f"Jobs in state {state}.", fmt="int64") for state in JOB_STATES
             },
         },
         "lastScaleTime": _string("When replicas last changed.", format="date-time"),

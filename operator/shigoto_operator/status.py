@@ -21,26 +21,18 @@ Imports neither kopf, the Kubernetes client nor psycopg.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from shigoto_operator.crds import JOB_STATES
 from shigoto_operator.policy import Decision, JobCounts
 
 READY = "Ready"
 DATABASE_REACHABLE = "DatabaseReachable"
 SCALING = "Scaling"
 
-JOB_STATES = (
-    "available",
-    "scheduled",
-    "executing",
-    "retryable",
-    "completed",
-    "discarded",
-    "cancelled",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +89,24 @@ def _deployment_replicas(deployment: Mapping[str, Any] | None) -> tuple[int | No
     return spec_replicas, int(st.get("replicas") or 0), int(st.get("readyReplicas") or 0)
 
 
+def _status_writer(
+    now: datetime, generation: int | None, previous: Mapping[str, Any]
+) -> tuple[Callable[[str, bool | None, str, str], dict[str, Any]], dict[str, Any]]:
+    """A condition maker bound to this pass (keeping unchanged transition times) and the
+    status being built, already carrying observedGeneration."""
+    old_conditions = previous.get("conditions") or []
+
+    def cond(type_: str, status: bool | None, reason: str, message: str) -> dict[str, Any]:
+        return condition(
+            type_, status, reason, message, now=now, generation=generation, previous=old_conditions
+        )
+
+    out: dict[str, Any] = {}
+    if generation is not None:
+        out["observedGeneration"] = generation
+    return cond, out
+
+
 def queue_status(
     *,
     now: datetime,
@@ -119,16 +129,7 @@ def queue_status(
     API server refused the Deployment) only `Ready`.
     """
     previous = previous or {}
-    old_conditions = previous.get("conditions") or []
-
-    def cond(type_: str, status: bool | None, reason: str, message: str) -> dict[str, Any]:
-        return condition(
-            type_, status, reason, message, now=now, generation=generation, previous=old_conditions
-        )
-
-    out: dict[str, Any] = {}
-    if generation is not None:
-        out["observedGeneration"] = generation
+    cond, out = _status_writer(now, generation, previous)
 
     if spec_problem is not None:
         out["conditions"] = [
@@ -206,16 +207,7 @@ def cron_status(
     a slot already past that enqueued nothing, so it is not shown until a job exists.
     """
     previous = previous or {}
-    old_conditions = previous.get("conditions") or []
-
-    def cond(type_: str, status: bool | None, reason: str, message: str) -> dict[str, Any]:
-        return condition(
-            type_, status, reason, message, now=now, generation=generation, previous=old_conditions
-        )
-
-    out: dict[str, Any] = {}
-    if generation is not None:
-        out["observedGeneration"] = generation
+    cond, out = _status_writer(now, generation, previous)
     if spec_problem is not None:
         out["conditions"] = [
             cond(READY, False, spec_problem.reason, spec_problem.message),

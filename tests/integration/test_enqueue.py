@@ -13,7 +13,7 @@ import shigoto
 from shigoto import database
 from shigoto.config import MAX_QUEUE_NAME
 from tests.support import workers
-from tests.support.waiting import count, row
+from tests.support.waiting import count, db_now, row
 
 
 @pytest.fixture(autouse=True)
@@ -21,12 +21,6 @@ def _probe() -> Iterator[None]:
     workers.reset()
     yield
     workers.release()
-
-
-def db_now(conn: psycopg.Connection[Any]) -> datetime:
-    found = conn.execute("SELECT now()").fetchone()
-    assert found is not None
-    return found[0]
 
 
 # -- one job -----------------------------------------------------------------------------------

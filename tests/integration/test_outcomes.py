@@ -16,7 +16,7 @@ import pytest
 import shigoto
 from shigoto import telemetry
 from tests.support import workers
-from tests.support.waiting import row
+from tests.support.waiting import db_now, row
 
 W = "tests.support.workers."
 
@@ -26,12 +26,6 @@ def _probe() -> Iterator[None]:
     workers.reset()
     yield
     workers.release()
-
-
-def db_now(conn: psycopg.Connection[Any]) -> datetime:
-    found = conn.execute("SELECT now()").fetchone()
-    assert found is not None
-    return found[0]
 
 
 def retry_now(conn: psycopg.Connection[Any], job_id: int) -> None:

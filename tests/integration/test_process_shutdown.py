@@ -7,10 +7,7 @@ a condition under a generous deadline; nothing here asserts how long something t
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,8 +17,8 @@ import psycopg
 import pytest
 
 import shigoto
+from tests.support.runner_process import RunnerProcess
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKERS = "tests.support.process_workers"
 
 pytestmark = pytest.mark.slow
@@ -41,54 +38,14 @@ def wait_until(
         time.sleep(interval)
 
 
-class RunnerProcess:
-    """A `shigoto run` subprocess whose output goes to a log file (shown when a test fails)."""
-
-    def __init__(self, db_url: str, log_path: Path, *extra: str, queue: str = "default=5") -> None:
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-            "SHIGOTO_DATABASE_URL": db_url,
-            "PYTHONUNBUFFERED": "1",
-            "SHIGOTO_LOG_LEVEL": "info",  # the shutdown test watches for the "stopping" line
-        }
-        cmd = [
-            sys.executable, "-m", "shigoto.cli", "run", "--queue", queue,
-            "--import", WORKERS, "--poll-interval", "0.2", *extra,
-        ]  # fmt: skip
-        self.log_path = log_path
-        self._log = log_path.open("wb")
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT
-        )
-
-    def output(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text("utf-8", errors="replace")
-
-    def signal(self, sig: int) -> None:
-        assert self.proc.poll() is None, f"runner died early:\n{self.output()}"
-        self.proc.send_signal(sig)
-
-    def wait_exit(self, timeout: float = 45.0) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"runner did not exit within {timeout:g} s:\n{self.output()}")
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._log.close()
-
-
 @pytest.fixture
 def start_runner(db_url: str, tmp_path: Path) -> Iterator[Callable[..., RunnerProcess]]:
     started: list[RunnerProcess] = []
 
     def start(*extra: str, queue: str = "default=5") -> RunnerProcess:
-        runner = RunnerProcess(db_url, tmp_path / f"runner-{len(started)}.log", *extra, queue=queue)
+        runner = RunnerProcess(
+            db_url, tmp_path / f"runner-{len(started)}.log", *extra, workers=WORKERS, queue=queue
+        )
         started.append(runner)
         return runner
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,9 +20,9 @@ import shigoto
 from shigoto.rescuer import rescue_state
 from shigoto.worker import DEFAULT_MAX_ATTEMPTS
 from tests.support import rescue_workers
+from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import row, until
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKERS = "tests.support.rescue_workers"
 STALL = rescue_workers.stall.name
 DEADLINE = 30.0
@@ -66,41 +64,14 @@ def test_rescue_state_of_an_unknown_worker_uses_the_default_max_attempts() -> No
 # -- helpers --------------------------------------------------------------------------------
 
 
-class RunnerProcess:
-    """A `shigoto run` subprocess whose output goes to a log file (shown when a test fails)."""
-
-    def __init__(self, db_url: str, log_path: Path) -> None:
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-            "SHIGOTO_DATABASE_URL": db_url,
-            "PYTHONUNBUFFERED": "1",
-        }
-        cmd = [sys.executable, "-m", "shigoto.cli", "run", "--queue", "default=2",
-               "--import", WORKERS, "--poll-interval", "0.2"]  # fmt: skip
-        self.log_path = log_path
-        self._log = log_path.open("wb")
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT
-        )
-
-    def output(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text("utf-8", errors="replace")
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(30)
-        self._log.close()
-
-
 @pytest.fixture
 def runner_process(db_url: str, tmp_path: Path) -> Iterator[Callable[[], RunnerProcess]]:
     made: list[RunnerProcess] = []
 
     def start() -> RunnerProcess:
-        p = RunnerProcess(db_url, tmp_path / f"runner-{len(made)}.log")
+        p = RunnerProcess(
+            db_url, tmp_path / f"runner-{len(made)}.log", workers=WORKERS, queue="default=2"
+        )
         made.append(p)
         return p
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -42,6 +43,13 @@ async def until(condition: Callable[[], T], *, timeout: float = DEADLINE, messag
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s: {message or condition}")
         await asyncio.sleep(STEP)
+
+
+def db_now(conn: psycopg.Connection[Any]) -> datetime:
+    """The database's clock: job times are compared with it, never with this process's."""
+    found = conn.execute("SELECT now()").fetchone()
+    assert found is not None
+    return found[0]
 
 
 def row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:

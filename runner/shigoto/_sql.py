@@ -111,10 +111,12 @@ SET state = u.state,
     result = CASE WHEN u.state = 'completed' THEN u.result ELSE j.result END,
     errors = CASE WHEN u.error IS NULL THEN j.errors
                   ELSE j.errors || jsonb_build_array(u.error || jsonb_build_object('at', now()))
-             END
+             END,
+    progress = coalesce(u.progress, j.progress)
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(states)s::text[], %(delays)s::float8[],
-            %(results)s::jsonb[], %(errors)s::jsonb[], %(snoozes)s::bool[])
-     AS u(id, attempt, state, delay, result, error, snooze)
+            %(results)s::jsonb[], %(errors)s::jsonb[], %(snoozes)s::bool[],
+            %(progresses)s::int[])
+     AS u(id, attempt, state, delay, result, error, snooze, progress)
 WHERE j.id = u.id AND j.state = 'executing' AND j.attempt = u.attempt
   AND j.attempted_by = %(node)s
 RETURNING j.id

@@ -38,6 +38,7 @@ def batch_params(batch: list[Completion], node: str) -> dict[str, Any]:
         "results": [c.result_json for c in batch],
         "errors": [json.dumps(c.error) if c.error is not None else None for c in batch],
         "snoozes": [c.snooze for c in batch],
+        "progresses": [c.progress for c in batch],
         "node": node,
     }
 

@@ -15,7 +15,7 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,6 +41,9 @@ class Completion:
     result_json: str | None = None
     error: dict[str, Any] | None = None
     snooze: bool = False
+    #: The last progress the perform reported: written with the outcome, so it can never be
+    #: lost to a progress write that lands after the attempt has ended.
+    progress: int | None = None
 
 
 def error_entry(
@@ -95,9 +98,11 @@ class JobExecutor:
         meta = {"job": job, "node": self.node}
         telemetry.emit("job.start", {"system_time": time.time()}, meta)
         worker: Worker | None = None
+        ctx: JobContext | None = None
         try:
             worker = self.resolve(job.worker)
-            outcome: Any = await self._perform(job, worker)
+            ctx = self._context(job, worker)
+            outcome: Any = await self._perform(job, worker, ctx)
         except asyncio.CancelledError:
             raise
         except Outcome as raised:
@@ -105,15 +110,20 @@ class JobExecutor:
         except BaseException as error:
             outcome = _Failure(error)
         duration = time.monotonic() - started
-        return await self._complete(job, worker, outcome, duration)
+        completion = await self._complete(job, worker, outcome, duration)
+        if ctx is not None and ctx.progress is not None:
+            completion = replace(completion, progress=ctx.progress)
+        return completion
 
-    async def _perform(self, job: Job, worker: Worker) -> Any:
-        timeout = job.timeout or worker.resolved_timeout()
-        ctx = JobContext(
+    def _context(self, job: Job, worker: Worker) -> JobContext:
+        return JobContext(
             id=job.id, attempt=job.attempt, args=job.args, worker=job.worker, queue=job.queue,
             max_attempts=self._max_attempts(job, worker), tags=list(job.tags), meta=job.meta,
             _progress_sink=self._progress_sink(job),
         )  # fmt: skip
+
+    async def _perform(self, job: Job, worker: Worker, ctx: JobContext) -> Any:
+        timeout = job.timeout or worker.resolved_timeout()
         token = set_current(ctx)
         # Only this deadline's expiry is a job timeout: a TimeoutError the perform raises itself
         # (an HTTP client's, say) is an ordinary failure and must be recorded as such.

@@ -365,15 +365,9 @@ class Runner:
 
     async def _execute_unlimited(self, job: Job) -> None:
         assert self._executor is not None and self._completer is not None
-        completion = await self._executor.execute(job)
-        # The last progress report must land before the completion, whose write ends the
-        # attempt (progress writes are guarded by state = 'executing'). Reports reach the loop
-        # via call_soon_threadsafe, so yield once to let any queued one start its writer.
-        await asyncio.sleep(0)
-        writer = self._progress_writers.get(job.id)
-        if writer is not None:
-            await writer
-        self._completer.submit(completion)
+        # The completion carries the last reported progress itself, so no progress write that
+        # is still on its way needs waiting for (one landing late is refused by its guard).
+        self._completer.submit(await self._executor.execute(job))
 
     def _report_progress(self, job: Job, percent: int) -> None:
         # One writer per job, always sending the newest value: reports land in order and a

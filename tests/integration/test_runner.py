@@ -347,3 +347,15 @@ async def test_a_failing_telemetry_subscriber_never_breaks_processing(
             await until(lambda: state(conn, failing.id) == "discarded", message="discarded")
     finally:
         telemetry.detach(handle)
+
+
+async def test_the_last_progress_report_lands_with_the_outcome(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    """A sync perform that reports 100 % and returns at once: the report travels with the
+    completion, so it cannot arrive after the attempt has ended and be refused."""
+    async with running(db_url):
+        jobs = [shigoto.enqueue(W + "progress_and_return", {"percent": 100}) for _ in range(20)]
+        for job in jobs:
+            await until(lambda j=job: state(conn, j.id) == "completed", message="completed")
+    assert {row(conn, j.id)["progress"] for j in jobs} == {100}

@@ -223,6 +223,12 @@ def progress_then_block(percent: int) -> str:
     return "done"
 
 
+@shigoto.worker
+def progress_and_return(percent: int) -> None:
+    """Reports and returns at once: nothing but the completion can carry this report."""
+    shigoto.current_job().report_progress(percent)
+
+
 @shigoto.worker(timeout=0.3, max_attempts=1)
 async def short_timeout_default() -> None:
     """Its own timeout (0.3 s) applies even when enqueued by name."""

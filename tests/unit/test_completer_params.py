@@ -22,7 +22,7 @@ def test_parallel_arrays_line_up_per_completion() -> None:
     except RuntimeError as exc:
         error = error_entry(2, exc)
     batch = [
-        Completion(job(1), JobState.COMPLETED, result_json='{"ok": true}'),
+        Completion(job(1), JobState.COMPLETED, result_json='{"ok": true}', progress=100),
         Completion(job(2, attempt=2), JobState.RETRYABLE, delay=16.5, error=error),
         Completion(job(3), JobState.SCHEDULED, delay=30.0, snooze=True),
         Completion(job(4), JobState.CANCELLED, error={"attempt": 1, "error": "Cancel: x",
@@ -35,6 +35,7 @@ def test_parallel_arrays_line_up_per_completion() -> None:
     assert params["delays"] == [None, 16.5, 30.0, None]
     assert params["results"] == ['{"ok": true}', None, None, None]
     assert params["snoozes"] == [False, False, True, False]
+    assert params["progresses"] == [100, None, None, None]  # the last report rides along
     assert params["node"] == "node-1"
     errors = [json.loads(e) if e is not None else None for e in params["errors"]]
     assert errors[0] is None and errors[2] is None

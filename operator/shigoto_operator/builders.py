@@ -25,8 +25,8 @@ from shigoto_operator import crds
 from shigoto_operator.spec import QueueSpec
 
 RUNNER_CONTAINER = "runner"
-MIGRATE_CONTAINER = "migrate"
 PORT_NAME = "http"
+TMP_SIZE_LIMIT = "256Mi"
 #: Runner images run as this user (Dockerfile.runner); set explicitly so `runAsNonRoot` holds
 #: even for a derived image whose USER is a name the kubelet cannot check.
 RUNNER_UID = 10001
@@ -97,16 +97,13 @@ def runner_args(spec: QueueSpec) -> list[str]:
         str(spec.runner.shutdown_timeout_seconds),
         "--schema",
         spec.database.schema,
-        # the init container migrated; N runners racing to migrate would only wait on the lock
+        # the operator migrates the database (or it is managed elsewhere); a runtime role
+        # need not hold DDL rights, and N pods racing to migrate would only wait on the lock
         "--no-migrate",
     ]
     if spec.global_concurrency is not None:
         args += ["--global-concurrency", f"{q}={spec.global_concurrency}"]
     return args
-
-
-def migrate_args(spec: QueueSpec) -> list[str]:
-    return ["migrate", "--schema", spec.database.schema]
 
 
 def env(spec: QueueSpec) -> list[dict[str, Any]]:
@@ -189,9 +186,10 @@ def pod_template(spec: QueueSpec) -> dict[str, Any]:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "terminationGracePeriodSeconds": r.shutdown_timeout_seconds + GRACE_MARGIN_SECONDS,
-        "initContainers": [_container(spec, MIGRATE_CONTAINER, migrate_args(spec))],
         "containers": [runner],
-        "volumes": [{"name": "tmp", "emptyDir": {}}],
+        # bounded, so a runaway worker writing to /tmp gets its pod evicted, not the node's
+        # disk filled
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}}],
     }
     if r.service_account_name:
         pod["serviceAccountName"] = r.service_account_name

@@ -141,6 +141,29 @@ def _database() -> dict[str, Any]:
                 pattern=SCHEMA_NAME_PATTERN,
                 default="public",
             ),
+            "migrate": _boolean(
+                "The operator creates and upgrades the shigoto_ tables before it uses the "
+                "database (idempotent, under an advisory lock, as `shigoto migrate`). Set false "
+                "when a migration job or a DBA owns the schema: the operator then only checks "
+                "it and reports SchemaNotMigrated until it is current.",
+                default=True,
+            ),
+            "migrationSecretRef": {
+                "type": "object",
+                "description": "A Secret whose key holds the URL of a role allowed to create "
+                "and alter the tables, used only to migrate; secretRef can then name a runtime "
+                "role with data rights alone. Unset: secretRef's URL migrates too.",
+                "required": ["name"],
+                "properties": {
+                    "name": _string("Name of the Secret.", minLength=1, maxLength=253),
+                    "key": _string(
+                        "Key in the Secret holding the URL.",
+                        minLength=1,
+                        maxLength=253,
+                        default="url",
+                    ),
+                },
+            },
         },
     }
 
@@ -277,9 +300,12 @@ QUEUE_SCHEMA: dict[str, Any] = {
                     "How often job counts are read.", minimum=1, maximum=3600, default=10
                 ),
             },
+            # The API server checks CEL rules against the bare `{}` default above too, before
+            # nested defaults fill it: every rule must hold on partial objects, hence has().
             "x-kubernetes-validations": [
                 {
-                    "rule": "self.minReplicas <= self.maxReplicas",
+                    "rule": "!has(self.minReplicas) || !has(self.maxReplicas) || "
+                    "self.minReplicas <= self.maxReplicas",
                     "message": "autoscaling.minReplicas must be less than or equal to "
                     "autoscaling.maxReplicas",
                 }

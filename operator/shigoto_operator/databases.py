@@ -19,9 +19,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
@@ -29,6 +32,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from shigoto.cron import CronScheduler
 from shigoto.elector import Elector
+from shigoto.errors import MigrationError
+from shigoto.migrate import current_version, latest_version, migrate
 from shigoto_operator.config import OperatorConfig
 from shigoto_operator.dbcounts import QUERY_TIMEOUT, CountsCache
 
@@ -39,6 +44,25 @@ ELECTION_NAME = "operator-cron"
 _CRON_ROW = "SELECT * FROM {cron} WHERE name = %(name)s"
 
 Key = tuple[str, str]  # (url, schema)
+
+#: Longest wait between two migration attempts on a database that keeps failing them.
+MIGRATE_BACKOFF_MAX = 300.0
+#: How long one migration may take before the pass reports it as failed (it goes on in its
+#: thread; the advisory lock keeps a second attempt from running beside it).
+MIGRATE_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaCheck:
+    """The outcome of making sure a database holds the current shigoto_ tables.
+
+    `problem` is (condition reason, message) while it does not: SchemaNotMigrated (reachable,
+    tables missing or old, and migrating is not the operator's job), MigrationFailed, or
+    DatabaseUnreachable. `applied` lists the migrations this very check ran, for an Event.
+    """
+
+    problem: tuple[str, str] | None = None
+    applied: tuple[int, ...] = ()
 
 
 def describe(url: str) -> str:
@@ -70,12 +94,18 @@ class Database:
         )
         self.counts = CountsCache(self.pool, schema)
         self.elector = Elector(url, schema, interval=config.leader_interval, name=ELECTION_NAME)
+        # No cron ticks before the tables exist: each would only fail and log.
         self.scheduler = CronScheduler(
             self.pool,
             schema,
-            is_leader=lambda: self.elector.is_leader,
+            is_leader=lambda: self.schema_current and self.elector.is_leader,
             interval=config.cron_interval,
         )
+        self.schema_current = False
+        self._schema_lock = asyncio.Lock()
+        self._migrate_failures = 0
+        self._migrate_retry_at = 0.0
+        self._last_check = SchemaCheck()
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -94,6 +124,79 @@ class Database:
                 await asyncio.wait_for(task, 10)
         await self.pool.close()
         log.info("stopped watching database %s", self.name)
+
+    async def ensure_schema(
+        self,
+        migration_url: str | None,
+        *,
+        migrate_it: bool,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> SchemaCheck:
+        """Make sure the tables are current: migrate them (`migrate_it`), or only check.
+
+        Once current, later calls answer at once: migrations only move forward, and a runner
+        or the CLI migrating meanwhile can only make them newer. A failing migration is tried
+        again with a growing pause (up to `MIGRATE_BACKOFF_MAX`), not on every pass.
+        """
+        if self.schema_current:
+            return SchemaCheck()
+        async with self._schema_lock:
+            if self.schema_current:
+                return SchemaCheck()
+            if migrate_it:
+                check = await self._migrate(migration_url or self.url, clock)
+            else:
+                check = await self._check_version()
+            self.schema_current = check.problem is None
+            self._last_check = check
+            return check
+
+    async def _migrate(self, url: str, clock: Callable[[], float]) -> SchemaCheck:
+        if clock() < self._migrate_retry_at:
+            return self._last_check  # still backing off after a failure
+        try:
+            applied = await asyncio.wait_for(
+                asyncio.to_thread(migrate, url, schema=self.schema), MIGRATE_TIMEOUT
+            )
+        except (psycopg.Error, MigrationError, OSError, TimeoutError) as exc:
+            self._migrate_failures += 1
+            pause = min(MIGRATE_BACKOFF_MAX, 5.0 * 2 ** (self._migrate_failures - 1))
+            self._migrate_retry_at = clock() + pause
+            detail = str(exc).strip() or type(exc).__name__
+            return SchemaCheck(
+                (
+                    "MigrationFailed",
+                    f"{self.name}: migrating the shigoto tables failed ({detail}); next try in "
+                    f"{pause:.0f}s. Grant the role the rights to create tables in schema "
+                    f"{self.schema}, or name a role that has them in "
+                    "spec.database.migrationSecretRef",
+                )
+            )
+        self._migrate_failures = 0
+        if applied:
+            log.info("migrated %s: applied %s", self.name, applied)
+        return SchemaCheck(applied=tuple(applied))
+
+    async def _check_version(self) -> SchemaCheck:
+        latest = latest_version()
+        try:
+            async with self.pool.connection(timeout=QUERY_TIMEOUT) as conn:
+                version = await asyncio.wait_for(
+                    current_version(conn, self.schema), QUERY_TIMEOUT
+                )
+        except (psycopg.Error, OSError, TimeoutError) as exc:
+            detail = str(exc).strip() or type(exc).__name__
+            return SchemaCheck(("DatabaseUnreachable", f"{self.name}: {detail}"))
+        if version >= latest:
+            return SchemaCheck()
+        return SchemaCheck(
+            (
+                "SchemaNotMigrated",
+                f"{self.name}: the shigoto tables are at version {version}, this operator "
+                f"needs {latest}; run `shigoto migrate --schema {self.schema}` with a role "
+                "that may create tables, or set spec.database.migrate: true",
+            )
+        )
 
     async def cron_row(self, name: str) -> dict[str, Any] | None:
         """The `shigoto_cron` row `name`, or None."""

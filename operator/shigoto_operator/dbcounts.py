@@ -68,7 +68,15 @@ class Reading:
 
 
 class CountsUnavailable(Exception):
-    """The counts could not be read; the message says why, without the URL's password."""
+    """The counts could not be read; the message says why, without the URL's password.
+
+    `reason` is the condition reason: DatabaseUnreachable, or SchemaNotMigrated when the
+    database answered but has no shigoto tables (someone dropped them, or never migrated).
+    """
+
+    def __init__(self, message: str, reason: str = "DatabaseUnreachable") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def counts_statement(schema: str) -> sql.Composed:
@@ -107,6 +115,7 @@ class _Result:
     at: float
     readings: dict[str, Reading]
     error: str | None = None
+    reason: str = "DatabaseUnreachable"
 
 
 class CountsCache:
@@ -142,7 +151,7 @@ class CountsCache:
             if not fresh or last is None or (last.error is None and queue not in last.readings):
                 last = self._last = await self._refresh()
         if last.error is not None:
-            raise CountsUnavailable(last.error)
+            raise CountsUnavailable(last.error, last.reason)
         return last.readings[queue]
 
     async def _refresh(self) -> _Result:
@@ -157,6 +166,8 @@ class CountsCache:
             return _Result(at, {}, f"no connection to the database within {QUERY_TIMEOUT:.0f}s")
         except TimeoutError:
             return _Result(at, {}, f"the counting query took longer than {QUERY_TIMEOUT:.0f}s")
+        except psycopg.errors.UndefinedTable as exc:
+            return _Result(at, {}, f"the shigoto tables are missing: {exc}", "SchemaNotMigrated")
         except psycopg.Error as exc:
             # psycopg messages name host and database but never the password
             return _Result(at, {}, f"counting jobs failed: {exc}".strip())

@@ -29,10 +29,24 @@ from shigoto import cron, cronspec, queue_settings
 from shigoto.errors import ValidationError
 from shigoto_operator import builders, k8s, policy
 from shigoto_operator.config import OperatorConfig
-from shigoto_operator.databases import Databases, describe
+from shigoto_operator.databases import Database, Databases, describe
 from shigoto_operator.dbcounts import CountsUnavailable, Reading
-from shigoto_operator.spec import CronScheduleSpec, QueueSpec, SpecError, parse_cron, parse_queue
-from shigoto_operator.status import CronRow, Problem, cron_status, needs_patch, queue_status
+from shigoto_operator.spec import (
+    CronScheduleSpec,
+    DatabaseRef,
+    QueueSpec,
+    SpecError,
+    parse_cron,
+    parse_queue,
+)
+from shigoto_operator.status import (
+    SCHEMA_REASONS,
+    CronRow,
+    Problem,
+    cron_status,
+    needs_patch,
+    queue_status,
+)
 
 log = logging.getLogger("shigoto.operator")
 
@@ -124,22 +138,57 @@ def _initial_replicas(
     return spec.autoscaling.min_replicas
 
 
-async def _read_database(
-    spec: QueueSpec, databases: Databases, user: str
-) -> tuple[Reading | None, Problem | None, str | None]:
-    """(reading, problem, url): the Secret, then the counts from the database's cache."""
-    ref = spec.database
+async def _open_database(
+    namespace: str,
+    ref: DatabaseRef,
+    databases: Databases,
+    user: str,
+    emit: Emit,
+    *,
+    queue: str | None = None,
+) -> tuple[Database | None, str | None, Problem | None]:
+    """(database, url, problem): read the Secret(s), acquire the database, and make sure its
+    tables are current (migrating them unless `database.migrate` is false).
+
+    The operator migrates because nothing else may: with `minReplicas: 0` no runner pod
+    starts until jobs are counted, and services cannot enqueue into missing tables.
+    """
     try:
-        url = await k8s.secret_value(spec.namespace, ref.secret_name, ref.secret_key)
+        url = await k8s.secret_value(namespace, ref.secret_name, ref.secret_key)
+        migration_url = None
+        if ref.migration_secret is not None:
+            migration_url = await k8s.secret_value(namespace, *ref.migration_secret)
     except k8s.SecretError as exc:
-        return None, Problem(exc.reason, exc.message), None
-    db = await databases.acquire(url, ref.schema, user, queue=spec.queue_name)
+        return None, None, Problem(exc.reason, exc.message)
+    db = await databases.acquire(url, ref.schema, user, queue=queue)
+    check = await db.ensure_schema(migration_url, migrate_it=ref.migrate)
+    if check.applied:
+        applied = ", ".join(str(version) for version in check.applied)
+        emit("Normal", "Migrated", f"{db.name}: applied migrations {applied}")
+    if check.problem is not None:
+        reason, message = check.problem
+        return db, url, Problem(reason, message, reachable=reason in SCHEMA_REASONS)
+    return db, url, None
+
+
+async def _read_database(
+    spec: QueueSpec, databases: Databases, user: str, emit: Emit
+) -> tuple[Reading | None, Problem | None, str | None]:
+    """(reading, problem, url): the Secret, the schema, then the counts from the cache."""
+    db, url, problem = await _open_database(
+        spec.namespace, spec.database, databases, user, emit, queue=spec.queue_name
+    )
+    if db is None or problem is not None:
+        return None, problem, url
     try:
         reading = await db.counts.get(
             spec.queue_name, max_age=spec.autoscaling.poll_interval_seconds / 2
         )
     except CountsUnavailable as exc:
-        return None, Problem("DatabaseUnreachable", f"{db.name}: {exc}"), url
+        if exc.reason in SCHEMA_REASONS:
+            db.schema_current = False  # the tables went away: migrate (or check) again
+        problem = Problem(exc.reason, f"{db.name}: {exc}", reachable=exc.reason in SCHEMA_REASONS)
+        return None, problem, url
     return reading, None, url
 
 
@@ -266,7 +315,7 @@ async def queue_pass(
         )
         return config.retry_interval
 
-    reading, problem, url = await _read_database(spec, databases, queue_user(namespace, name))
+    reading, problem, url = await _read_database(spec, databases, queue_user(namespace, name), emit)
     if reading is not None and url is not None:
         problem = await _apply_settings(spec, url, reading, emit)
 
@@ -480,12 +529,11 @@ async def cron_pass(
         return await report(spec_problem=Problem("InvalidSpec", str(exc)))
 
     ref = spec.database
-    try:
-        url = await k8s.secret_value(namespace, ref.secret_name, ref.secret_key)
-    except k8s.SecretError as exc:
-        return await report(database_problem=Problem(exc.reason, exc.message))
-
-    db = await databases.acquire(url, ref.schema, cron_user(namespace, name))
+    db, url, problem = await _open_database(
+        namespace, ref, databases, cron_user(namespace, name), emit
+    )
+    if db is None or url is None or problem is not None:
+        return await report(database_problem=problem)
     target = (url, ref.schema, spec.row_name)
     try:
         if memory.target is not None and memory.target != target:

@@ -53,6 +53,9 @@ class DatabaseRef:
     secret_name: str
     secret_key: str = "url"
     schema: str = "public"
+    migrate: bool = True
+    #: (Secret name, key) of a URL used only to migrate; None: the URL above migrates too.
+    migration_secret: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,23 @@ def _database(value: Any) -> DatabaseRef:
         db.get("schema", "public"), "database.schema", required=True, pattern=_SCHEMA_NAME
     )
     assert name and key and schema
-    return DatabaseRef(secret_name=name, secret_key=key, schema=schema)
+    migrate = _boolean(db.get("migrate", True), "database.migrate")
+    migration_secret = None
+    if db.get("migrationSecretRef") is not None:
+        mref = _object(db["migrationSecretRef"], "database.migrationSecretRef", required=True)
+        mname = _string(
+            mref.get("name"), "database.migrationSecretRef.name", required=True, max_length=253
+        )
+        mkey = _string(mref.get("key", "url"), "database.migrationSecretRef.key", required=True)
+        assert mname and mkey
+        migration_secret = (mname, mkey)
+    return DatabaseRef(
+        secret_name=name,
+        secret_key=key,
+        schema=schema,
+        migrate=migrate,
+        migration_secret=migration_secret,
+    )
 
 
 def _runner(value: Any) -> RunnerSpec:

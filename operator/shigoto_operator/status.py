@@ -7,7 +7,9 @@ change, so `kubectl describe` shows how long a queue has been unready) and the
 
 Queue conditions:
 
-- `DatabaseReachable`: the Secret was read and the counting query answered.
+- `DatabaseReachable`: the Secret was read and the database answered. A database that answers
+  but lacks the current tables keeps it True; `Ready` is then False with SchemaNotMigrated
+  (`spec.database.migrate: false` and nobody migrated) or MigrationFailed.
 - `Scaling`: the autoscaler can act (True, with the decision's reason: ScaledUp, ScaledDown,
   StabilizingScaleDown, Steady; or Keda when KEDA owns replicas); False when it holds the
   replicas because it has no counts.
@@ -34,13 +36,18 @@ DATABASE_REACHABLE = "DatabaseReachable"
 SCALING = "Scaling"
 
 
-
 @dataclass(frozen=True, slots=True)
 class Problem:
     """Something that keeps an object from working: a condition reason and a sentence."""
 
     reason: str
     message: str
+    #: The database answered (its tables are the trouble): DatabaseReachable stays True.
+    reachable: bool = False
+
+
+#: Reasons of problems found in a database that did answer.
+SCHEMA_REASONS = frozenset({"SchemaNotMigrated", "MigrationFailed"})
 
 
 def timestamp(moment: datetime) -> str:
@@ -151,7 +158,9 @@ def queue_status(
     if scaled_at is not None:
         out["lastScaleTime"] = timestamp(scaled_at)
 
-    if database_problem is not None:
+    if database_problem is not None and database_problem.reachable:
+        db = cond(DATABASE_REACHABLE, True, "Connected", "the database answers")
+    elif database_problem is not None:
         db = cond(DATABASE_REACHABLE, False, database_problem.reason, database_problem.message)
     else:
         db = cond(DATABASE_REACHABLE, True, "Connected", "job counts read from the database")
@@ -215,9 +224,14 @@ def cron_status(
         ]
         return out
     if database_problem is not None:
+        reachable = (
+            cond(DATABASE_REACHABLE, True, "Connected", "the database answers")
+            if database_problem.reachable
+            else cond(DATABASE_REACHABLE, False, database_problem.reason, database_problem.message)
+        )
         out["conditions"] = [
             cond(READY, False, database_problem.reason, database_problem.message),
-            cond(DATABASE_REACHABLE, False, database_problem.reason, database_problem.message),
+            reachable,
         ]
         return out
     if row is not None and row.last_job_id is not None and row.last_slot_at is not None:

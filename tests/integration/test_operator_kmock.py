@@ -12,10 +12,13 @@ entry point (`-p kmock` is only needed where plugin autoloading is disabled).
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import shigoto
 from shigoto_operator import k8s
@@ -90,8 +93,6 @@ async def test_queue_lifecycle(kmock: Any, db_url: str, conn: psycopg.Connection
         assert args[3:5] == ["--import", "shop.workers"]
         assert "--no-migrate" in args
         assert runner(dep)["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "pg", "key": "url"}
-        init = dep["spec"]["template"]["spec"]["initContainers"][0]
-        assert init["args"] == ["migrate", "--schema", "public"]
 
         ready = await eventually(
             lambda: cluster.condition(k8s.QUEUES, "emails", "Ready"), message="Ready"
@@ -491,3 +492,129 @@ async def test_two_operators_elect_one_cron_scheduler(db_url: str) -> None:
     finally:
         await first.close()
         await second.close()
+
+
+async def _ready(cluster: Cluster, resource: k8s.Resource, name: str) -> dict[str, Any] | None:
+    cond = await cluster.condition(resource, name, "Ready")
+    return cond if cond.get("status") == "True" else None
+
+
+def _tables(url: str, schema: str = "public") -> bool:
+    with psycopg.connect(url, autocommit=True) as c:
+        row = c.execute("SELECT to_regclass(%s)", (f"{schema}.shigoto_jobs",)).fetchone()
+    return row is not None and row[0] is not None
+
+
+async def test_fresh_database_is_migrated_and_becomes_ready(kmock: Any, empty_db_url: str) -> None:
+    """A Queue with minReplicas 0 on a database nobody migrated: no runner pod will ever start
+    to do it, so the operator must (and a CronSchedule must be storable at once)."""
+    assert not _tables(empty_db_url)
+    async with running_operator(kmock) as cluster:
+        cluster.add_secret("pg", {"url": empty_db_url})
+        await cluster.create(k8s.QUEUES, QUEUE, "fresh", queue_spec())
+        ready = await eventually(lambda: _ready(cluster, k8s.QUEUES, "fresh"), message="Ready")
+        assert ready["reason"] == "ScaledToZero"
+        assert _tables(empty_db_url)
+        assert "Migrated" in cluster.event_reasons()
+        await cluster.create(
+            k8s.CRON_SCHEDULES,
+            CRON,
+            "nightly",
+            {
+                "schedule": "0 3 * * *",
+                "worker": "shop.workers.report",
+                "database": {"secretRef": {"name": "pg"}},
+            },
+        )
+        await eventually(
+            lambda: _ready(cluster, k8s.CRON_SCHEDULES, "nightly"), message="cron Ready"
+        )
+        with psycopg.connect(empty_db_url, autocommit=True) as c:
+            assert c.execute("SELECT count(*) FROM shigoto_cron").fetchone() == (1,)
+
+
+async def test_unmigrated_database_with_migrate_false_has_its_own_reason(
+    kmock: Any, empty_db_url: str
+) -> None:
+    """`migrate: false` says someone else owns the schema: the operator writes nothing and
+    tells a reachable-but-unmigrated database apart from an unreachable one."""
+    async with running_operator(kmock) as cluster:
+        cluster.add_secret("pg", {"url": empty_db_url})
+        spec = queue_spec(database={"secretRef": {"name": "pg"}, "migrate": False})
+        await cluster.create(k8s.QUEUES, QUEUE, "managed", spec)
+
+        async def not_migrated() -> dict[str, Any] | None:
+            cond = await cluster.condition(k8s.QUEUES, "managed", "Ready")
+            return cond if cond.get("reason") == "SchemaNotMigrated" else None
+
+        ready = await eventually(not_migrated, message="SchemaNotMigrated")
+        assert ready["status"] == "False"
+        assert "shigoto migrate" in ready["message"]
+        reachable = await cluster.condition(k8s.QUEUES, "managed", "DatabaseReachable")
+        assert reachable["status"] == "True"
+        assert not _tables(empty_db_url)
+
+        shigoto.migrate(empty_db_url)  # the DBA's migration job runs
+        await eventually(lambda: _ready(cluster, k8s.QUEUES, "managed"), message="Ready")
+
+
+async def test_migration_uses_the_migration_secret_and_reports_failures(
+    kmock: Any, server_url: str, empty_db_url: str
+) -> None:
+    """Runtime role in secretRef, owner role in migrationSecretRef: the operator migrates
+    with the owner's URL. A runtime role that may not create tables, alone, gets
+    MigrationFailed with the server's reason, and the Queue recovers once the owner's
+    Secret is named."""
+    role = f"rt_{uuid.uuid4().hex[:8]}"
+    dbname = conninfo_to_dict(empty_db_url)["dbname"]
+    with psycopg.connect(empty_db_url, autocommit=True) as c:
+        c.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD 'rt'").format(sql.Identifier(role)))
+        c.execute(sql.SQL("REVOKE CREATE ON SCHEMA public FROM PUBLIC"))
+        c.execute(
+            sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
+                sql.Identifier(dbname), sql.Identifier(role)
+            )
+        )
+        # what docs/kubernetes.md tells the owner role to run once: data rights on what it
+        # will create
+        c.execute(
+            sql.SQL(
+                "ALTER DEFAULT PRIVILEGES IN SCHEMA public "
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {}"
+            ).format(sql.Identifier(role))
+        )
+        c.execute(
+            sql.SQL(
+                "ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT USAGE, SELECT ON SEQUENCES TO {}"
+            ).format(sql.Identifier(role))
+        )
+    runtime_url = make_conninfo(empty_db_url, user=role, password="rt")
+    try:
+        async with running_operator(kmock) as cluster:
+            cluster.add_secret("pg", {"url": runtime_url})
+            cluster.add_secret("pg-owner", {"url": empty_db_url})
+            await cluster.create(k8s.QUEUES, QUEUE, "least", queue_spec())
+
+            async def failed() -> dict[str, Any] | None:
+                cond = await cluster.condition(k8s.QUEUES, "least", "Ready")
+                return cond if cond.get("reason") == "MigrationFailed" else None
+
+            cond = await eventually(failed, message="MigrationFailed")
+            assert "permission denied" in cond["message"]
+            assert "migrationSecretRef" in cond["message"]
+            assert "'rt'" not in cond["message"] and ":rt@" not in cond["message"]
+
+            # A new object (a spec change would wait out the failure's backoff first).
+            await cluster.delete(k8s.QUEUES, "least")
+            await eventually(lambda: _absent(cluster.get(k8s.QUEUES, "least")), message="gone")
+            spec = queue_spec(
+                database={"secretRef": {"name": "pg"}, "migrationSecretRef": {"name": "pg-owner"}}
+            )
+            await cluster.create(k8s.QUEUES, QUEUE, "least2", spec)
+            await eventually(lambda: _ready(cluster, k8s.QUEUES, "least2"), message="Ready")
+            assert _tables(empty_db_url)
+    finally:
+        with psycopg.connect(empty_db_url, autocommit=True) as c:
+            c.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        with psycopg.connect(server_url, autocommit=True) as c:
+            c.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))

@@ -95,7 +95,7 @@ def test_database_url_comes_from_the_secret_never_the_manifest() -> None:
     dep = builders.deployment(
         spec(runner={"image": "i", "env": [{"name": "X", "value": "1"}]}), OWNER, replicas=1
     )
-    for name in ("runner", "migrate"):
+    for name in ("runner",):
         env = container(dep, name)["env"]
         assert env[0] == {
             "name": "SHIGOTO_DATABASE_URL",
@@ -106,15 +106,18 @@ def test_database_url_comes_from_the_secret_never_the_manifest() -> None:
     assert "postgresql://" not in repr(dep)
 
 
-def test_init_container_migrates_with_the_same_image_and_env() -> None:
+def test_pods_do_not_migrate_the_operator_does() -> None:
+    """No init container: the operator migrates (or the schema is managed elsewhere), so a
+    runner's role needs no DDL rights and its pods start without racing for the lock."""
     dep = builders.deployment(spec(), OWNER, replicas=1)
-    init = dep["spec"]["template"]["spec"]["initContainers"]
-    assert [c["name"] for c in init] == ["migrate"]
-    runner = container(dep)
-    assert init[0]["image"] == runner["image"]
-    assert init[0]["command"] == ["shigoto"]
-    assert init[0]["args"] == ["migrate", "--schema", "jobs"]
-    assert init[0]["env"] == runner["env"]
+    assert "initContainers" not in dep["spec"]["template"]["spec"]
+    assert "--no-migrate" in container(dep)["args"]
+
+
+def test_tmp_volume_is_bounded() -> None:
+    dep = builders.deployment(spec(), OWNER, replicas=1)
+    (tmp,) = dep["spec"]["template"]["spec"]["volumes"]
+    assert tmp == {"name": "tmp", "emptyDir": {"sizeLimit": builders.TMP_SIZE_LIMIT}}
 
 
 def test_probes_ports_and_prometheus_annotations() -> None:
@@ -136,7 +139,7 @@ def test_security_context_is_non_root_and_read_only_with_a_tmp_volume() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] != 0
     assert pod["automountServiceAccountToken"] is False
-    for name in ("runner", "migrate"):
+    for name in ("runner",):
         c = container(dep, name)
         sc = c["securityContext"]
         assert sc["readOnlyRootFilesystem"] is True
@@ -144,7 +147,7 @@ def test_security_context_is_non_root_and_read_only_with_a_tmp_volume() -> None:
         assert sc["allowPrivilegeEscalation"] is False
         assert sc["capabilities"] == {"drop": ["ALL"]}
         assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
-    assert {"name": "tmp", "emptyDir": {}} in pod["volumes"]
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": builders.TMP_SIZE_LIMIT}} in pod["volumes"]
 
 
 @pytest.mark.parametrize("timeout", [1, 15, 600])

@@ -10,6 +10,7 @@ The structural-schema rules of apiextensions.k8s.io/v1 are checked directly on t
 from __future__ import annotations
 
 import ast
+import copy
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -295,6 +296,68 @@ def test_schema_is_structural(kind: str) -> None:
     assert structural_violations(root_schema(kind)) == []
 
 
+def _nodes(schema: Mapping[str, Any], path: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Every schema node with its path, the root included."""
+    yield path, schema
+    for name, sub in schema.get("properties", {}).items():
+        yield from _nodes(sub, f"{path}.{name}")
+    if isinstance(schema.get("items"), Mapping):
+        yield from _nodes(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), Mapping):
+        yield from _nodes(schema["additionalProperties"], f"{path}.*")
+
+
+def rule_failures_on(schema: Mapping[str, Any], value: Any, path: str) -> list[str]:
+    """CEL rules of `schema` and below that do not hold on `value`, errors included.
+
+    The API server validates a default exactly as written, before nested defaults fill it,
+    and refuses the whole CRD when a rule errs on it ("no such key"). cel-python raises
+    (or returns an error object) where the server's CEL would, so both count as failures.
+    """
+    failures = []
+    try:
+        failures = [f"{r.path}: {r.rule}" for r in cel_rejections(schema, value, path)]
+    except Exception as exc:  # cel-python raises on some evaluation errors
+        failures.append(f"{path}: {exc}")
+    return failures
+
+
+@pytest.mark.parametrize("kind", list(CRDS))
+def test_every_rule_holds_on_its_default_as_the_api_server_checks_it(kind: str) -> None:
+    """The regression a real API server found: `autoscaling` defaults to `{}`, and a rule
+    reading `self.minReplicas` failed on it, so `kubectl apply -k crds/` refused the CRD."""
+    failures = []
+    for path, node in _nodes(root_schema(kind)):
+        if "default" in node:
+            failures += rule_failures_on(node, copy.deepcopy(node["default"]), path)
+    assert failures == []
+
+
+@pytest.mark.parametrize("kind", list(CRDS))
+def test_every_object_rule_holds_on_a_partial_object(kind: str) -> None:
+    """An object node with rules must accept `{}` (every field left out): a rule may compare
+    fields only once both are there (`has()`), since defaults may not have filled them."""
+    failures = []
+    for path, node in _nodes(root_schema(kind)):
+        if node.get("x-kubernetes-validations") and node.get("type") == "object":
+            for check in node["x-kubernetes-validations"]:
+                failures += rule_failures_on(
+                    {"x-kubernetes-validations": [check]}, {}, f"{path} ({check['rule']})"
+                )
+    assert failures == []
+
+
+def test_the_default_check_fails_on_the_rule_that_broke_real_clusters() -> None:
+    """Proof the two tests above can fail: the original rule errs on the `{}` default."""
+    node = {
+        "type": "object",
+        "default": {},
+        "properties": {"minReplicas": {"type": "integer"}, "maxReplicas": {"type": "integer"}},
+        "x-kubernetes-validations": [{"rule": "self.minReplicas <= self.maxReplicas"}],
+    }
+    assert rule_failures_on(node, node["default"], ".spec.autoscaling") != []
+
+
 def test_structural_check_catches_each_violation() -> None:
     """The check above proves nothing unless it fails on schemas that break the rules."""
     broken = {
@@ -359,7 +422,11 @@ def test_minimal_queue_gets_the_documented_defaults() -> None:
     assert spec == {
         "concurrency": 10,
         "paused": False,
-        "database": {"secretRef": {"name": "db", "key": "url"}, "schema": "public"},
+        "database": {
+            "secretRef": {"name": "db", "key": "url"},
+            "schema": "public",
+            "migrate": True,
+        },
         "runner": {
             "image": "shigoto-runner:0.1.0",
             "shutdownTimeoutSeconds": 15,
@@ -392,7 +459,11 @@ def test_minimal_cron_gets_the_documented_defaults() -> None:
         "suspend": False,
         "catchUp": "latest",
         "catchUpLimit": 100,
-        "database": {"secretRef": {"name": "db", "key": "url"}, "schema": "public"},
+        "database": {
+            "secretRef": {"name": "db", "key": "url"},
+            "schema": "public",
+            "migrate": True,
+        },
     }
     assert "maxAttempts" not in spec
 
@@ -515,7 +586,10 @@ def _without(obj: dict[str, Any], *path: str) -> dict[str, Any]:
 
 
 AS = {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}
-MIN_MAX = "cel: self.minReplicas <= self.maxReplicas @ .spec.autoscaling"
+MIN_MAX = (
+    "cel: !has(self.minReplicas) || !has(self.maxReplicas) || "
+    "self.minReplicas <= self.maxReplicas @ .spec.autoscaling"
+)
 DB = {"secretRef": {"name": "db"}}
 
 #: (id, object, "<rejected by>: <rule> @ <path>"): each row fails one rule, and only that one.

@@ -6,8 +6,10 @@ stay thin copies of each other.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterable, Mapping
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,6 +19,7 @@ from psycopg.rows import tuple_row
 from psycopg.types.string import StrBinaryDumper
 
 from shigoto import _sql, config, database, jobspec
+from shigoto.errors import ValidationError
 from shigoto.job import Job, JobState
 from shigoto.jobspec import JobSpec
 
@@ -95,6 +98,19 @@ def _caller_commits(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
     return not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
 
 
+@contextlib.contextmanager
+def _too_large() -> Iterator[None]:
+    """PostgreSQL's size limits as a ValidationError, like every other input problem."""
+    try:
+        yield
+    except psycopg.errors.ProgramLimitExceeded as exc:
+        raise ValidationError(
+            "args",
+            f"the job is too large for PostgreSQL ({exc.diag.message_primary}); args and meta "
+            f"may be at most {jobspec.MAX_ARGS_BYTES} bytes of JSON each",
+        ) from None
+
+
 # -- sync ----------------------------------------------------------------------------------
 
 
@@ -129,7 +145,7 @@ def enqueue(
 
 
 def _insert_one(conn: psycopg.Connection[Any], stmts: _sql.Statements, spec: JobSpec) -> Job:
-    with conn.cursor(row_factory=tuple_row) as cur:  # whatever the caller's row factory
+    with conn.cursor(row_factory=tuple_row) as cur, _too_large():  # any row factory
         cur.execute(stmts.insert_one, spec.as_params())
         row = cur.fetchone()
     assert row is not None
@@ -217,7 +233,8 @@ async def _ainsert_one(
     conn: psycopg.AsyncConnection[Any], stmts: _sql.Statements, spec: JobSpec
 ) -> Job:
     async with conn.cursor(row_factory=tuple_row) as cur:  # whatever the caller's row factory
-        await cur.execute(stmts.insert_one, spec.as_params())
+        with _too_large():
+            await cur.execute(stmts.insert_one, spec.as_params())
         row = await cur.fetchone()
     assert row is not None
     return _job(spec, *row[:4])
@@ -265,3 +282,86 @@ async def _ainsert_many(
         if wake:
             await cur.execute(stmts.notify_queues, {"queues": wake})
     return jobs
+
+
+# -- the typed shortcut: `worker.options(...).enqueue(**args)` -------------------------------
+
+#: What `.options()` takes: every enqueue option, plus where and how to write the job.
+_WHERE = frozenset({"conn", "database_url", "schema"})
+OPTION_KEYWORDS = (jobspec.OPTION_NAMES - {"worker", "args"}) | _WHERE
+
+
+def _check_option_names(options: Mapping[str, Any]) -> None:
+    unknown = sorted(options.keys() - OPTION_KEYWORDS)
+    if unknown:
+        raise ValidationError(
+            unknown[0],
+            f"is not an enqueue option; options are {', '.join(sorted(OPTION_KEYWORDS))} "
+            "(the job's args go to .enqueue(...))",
+        )
+
+
+class EnqueueOptions:
+    """A worker with its enqueue options fixed, so `.enqueue(**kwargs)` takes only job args.
+
+    Options and args never share a namespace: a worker may have an argument called `priority`
+    and still be enqueued with a priority.
+    """
+
+    __slots__ = ("_options", "worker")
+
+    def __init__(self, worker: Any, options: Mapping[str, Any]) -> None:
+        _check_option_names(options)
+        self.worker = worker
+        self._options = dict(options)
+
+    def options(self, **more: Any) -> EnqueueOptions:
+        """These options plus `more` (which win)."""
+        return EnqueueOptions(self.worker, {**self._options, **more})
+
+    def enqueue(self, **args: Any) -> Job:
+        return enqueue(self.worker, args, **self._options)
+
+    async def aenqueue(self, **args: Any) -> Job:
+        return await aenqueue(self.worker, args, **self._options)
+
+    def __repr__(self) -> str:
+        return f"<{self.worker!r} with {self._options!r}>"
+
+
+def _split_legacy(worker: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split `w.enqueue(user_id=1, priority=5)` into args and options, the old way.
+
+    Before `.options()` existed, `.enqueue(**kwargs)` stored everything as args, so code that
+    passed `priority=` meant an option and silently got an arg. A keyword the function declares
+    stays an arg; an option name it does not declare is taken as the option, with a
+    DeprecationWarning pointing at `.options()`.
+    """
+    from shigoto.jobspec import _signature_of
+
+    declared = _signature_of(worker).names
+    options = {k: kwargs[k] for k in kwargs.keys() & OPTION_KEYWORDS if k not in declared}
+    if not options:
+        return kwargs, {}
+    warnings.warn(
+        f"{worker.name}.enqueue({', '.join(f'{k}=...' for k in sorted(options))}): enqueue "
+        f"options among the job's args are deprecated; write "
+        f"{worker.name.rpartition('.')[2]}.options({', '.join(sorted(options))}=...)"
+        ".enqueue(...) instead",
+        DeprecationWarning,
+        stacklevel=4,
+    )
+    args = {k: v for k, v in kwargs.items() if k not in options}
+    return args, options
+
+
+def enqueue_kwargs(worker: Any, kwargs: dict[str, Any]) -> Job:
+    """`FunctionWorker.enqueue(**kwargs)`: the kwargs are the job's args."""
+    args, options = _split_legacy(worker, kwargs)
+    return enqueue(worker, args, **options)
+
+
+async def aenqueue_kwargs(worker: Any, kwargs: dict[str, Any]) -> Job:
+    """`FunctionWorker.aenqueue(**kwargs)`: the kwargs are the job's args."""
+    args, options = _split_legacy(worker, kwargs)
+    return await aenqueue(worker, args, **options)

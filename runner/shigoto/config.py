@@ -20,6 +20,10 @@ ENV_IMPORT = "SHIGOTO_IMPORT"
 DEFAULT_SCHEMA = "public"
 DEFAULT_QUEUES = {"default": 10}
 MAX_QUEUE_NAME = 128
+#: The one rule for queue names, shared with the CRD's pattern and the database's CHECK:
+#: safe in URLs, label values, metric labels and `NAME=N` lists alike.
+QUEUE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+_QUEUE_NAME_RE = re.compile(QUEUE_NAME_PATTERN)
 
 _SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -46,6 +50,20 @@ def schema(explicit: str | None = None, env: Mapping[str, str] = os.environ) -> 
     return name
 
 
+def queue_name_problem(name: object) -> str | None:
+    """Why `name` is not a valid queue name, or None when it is."""
+    if not isinstance(name, str) or not name:
+        return f"must be a non-empty string, got {name!r}"
+    if len(name) > MAX_QUEUE_NAME:
+        return f"must be at most {MAX_QUEUE_NAME} characters, got {len(name)}"
+    if not _QUEUE_NAME_RE.match(name):
+        return (
+            f"{name!r} is not a queue name: use letters, digits, '.', '_' and '-', starting "
+            "with a letter or digit"
+        )
+    return None
+
+
 def parse_queues(text: str) -> dict[str, int]:
     """Parse `default=10,emails=5` (also whitespace-separated) into {queue: concurrency}."""
     queues: dict[str, int] = {}
@@ -56,10 +74,11 @@ def parse_queues(text: str) -> dict[str, int]:
         name = name.strip()
         if not sep:
             limit = "10"
-        if not name or len(name) > MAX_QUEUE_NAME:
+        problem = queue_name_problem(name)
+        if problem:
             raise ConfigurationError(
-                f"queues: {item!r} needs a queue name of 1 to {MAX_QUEUE_NAME} characters, "
-                "written as NAME=CONCURRENCY (e.g. emails=5)"
+                f"queues: {item!r} needs a queue name of 1 to {MAX_QUEUE_NAME} characters "
+                f"({problem}), written as NAME=CONCURRENCY (e.g. emails=5)"
             )
         try:
             concurrency = int(limit)

@@ -5,6 +5,8 @@ Everything is checked before anything is written, so bad input never leaves half
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import math
 from collections.abc import Mapping
@@ -12,11 +14,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from shigoto.config import MAX_QUEUE_NAME
+from shigoto.config import queue_name_problem
 from shigoto.errors import ValidationError
-from shigoto.worker import DEFAULT_QUEUE, Worker
+from shigoto.worker import DEFAULT_QUEUE, FunctionWorker, Worker, args_misfit
 
 MAX_WORKER_NAME = 255
+#: Largest serialised args (and meta) accepted, in bytes. Jobs are claimed and read back many
+#: times; a payload this big belongs in a table or a bucket, with its key in the args. Far
+#: below PostgreSQL's own limits, whose errors would name no field.
+MAX_ARGS_BYTES = 16 * 1024 * 1024
 INT32 = (-(2**31), 2**31 - 1)
 
 #: Keys an enqueue_many entry (and enqueue's options) may carry.
@@ -70,13 +76,20 @@ def _json_object(field_name: str, value: Any) -> str:
         # Not ASCII-escaped, so the UTF-8 check below catches lone surrogates (e.g. from
         # os.fsdecode), which jsonb rejects even as \u escapes.
         text = _ENCODER.encode(value)
-        text.encode("utf-8")
+        size = len(text.encode("utf-8"))
     except (TypeError, ValueError) as exc:
         raise ValidationError(
             field_name,
             f"does not serialise as JSON ({exc}); pass plain dicts, lists, str, "
             "int, float, bool and None",
         ) from None
+    if size > MAX_ARGS_BYTES:
+        raise ValidationError(
+            field_name,
+            f"is {size} bytes as JSON, over the limit of {MAX_ARGS_BYTES} bytes "
+            f"({MAX_ARGS_BYTES // (1024 * 1024)} MiB); store big payloads elsewhere and pass "
+            "their key",
+        )
     if "\\u0000" in text:
         raise ValidationError(field_name, "contains a NUL character, which PostgreSQL rejects")
     return text
@@ -101,11 +114,9 @@ def _worker_name(worker: Any) -> tuple[str, Worker | None]:
 
 
 def _queue(value: Any) -> str:
-    if not isinstance(value, str) or not value or len(value) > MAX_QUEUE_NAME:
-        raise ValidationError(
-            "queue",
-            f"must be a non-empty string of at most {MAX_QUEUE_NAME} characters, got {value!r}",
-        )
+    problem = queue_name_problem(value)
+    if problem:
+        raise ValidationError("queue", problem)
     return value
 
 
@@ -165,6 +176,55 @@ def _tags(value: Any) -> list[str]:
     return tags
 
 
+def _check_fits(worker: FunctionWorker, args: Mapping[str, Any]) -> None:
+    """A job whose args cannot be passed to its function would only fail at every attempt:
+    refuse it now, naming the argument."""
+    misfit = args_misfit(worker.fn, dict(args))
+    if misfit is None:
+        return
+    params = _signature_of(worker)
+    field_name = "args"
+    for key in args:
+        if key not in params.names and not params.var_keyword:
+            field_name = f"args.{key}"
+            misfit = f"is not an argument of {worker.name}{params.text}"
+            break
+    else:
+        missing = [n for n in params.required if n not in args]
+        if missing:
+            field_name = f"args.{missing[0]}"
+            misfit = f"is required by {worker.name}{params.text}"
+    raise ValidationError(field_name, misfit)
+
+
+@dataclass(frozen=True, slots=True)
+class _Params:
+    names: frozenset[str]
+    required: tuple[str, ...]
+    var_keyword: bool
+    text: str
+
+
+def _signature_of(worker: FunctionWorker) -> _Params:
+    return _params(worker.fn)
+
+
+@functools.cache
+def _params(fn: Any) -> _Params:
+    sig = inspect.signature(fn)
+    kinds = inspect.Parameter
+    keyword = [p for p in sig.parameters.values()
+               if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)]  # fmt: skip
+    # Annotations are often strings (`from __future__ import annotations`): leave them out.
+    bare = [p.replace(annotation=kinds.empty) for p in sig.parameters.values()]
+    return _Params(
+        names=frozenset(p.name for p in keyword),
+        required=tuple(p.name for p in keyword if p.default is kinds.empty),
+        var_keyword=any(p.kind is kinds.VAR_KEYWORD for p in sig.parameters.values()),
+        text=str(sig.replace(parameters=bare, return_annotation=kinds.empty)),
+    )
+
+
 def build(worker: Any, args: Any = None, /, **options: Any) -> JobSpec:
     """Validate one job. Options given explicitly win over the worker object's defaults."""
     unknown = options.keys() - _OPTIONS
@@ -175,6 +235,9 @@ def build(worker: Any, args: Any = None, /, **options: Any) -> JobSpec:
         )
     name, worker_obj = _worker_name(worker)
     defaults = worker_obj.defaults() if worker_obj is not None else {}
+    args_json = _json_object("args", args)
+    if isinstance(worker_obj, FunctionWorker):
+        _check_fits(worker_obj, args or {})
 
     def pick(key: str) -> Any:
         value = options.get(key)
@@ -184,7 +247,7 @@ def build(worker: Any, args: Any = None, /, **options: Any) -> JobSpec:
     scheduled_at, delay = _schedule(options.get("scheduled_at"), options.get("schedule_in"))
     return JobSpec(
         worker=name,
-        args_json=_json_object("args", args),
+        args_json=args_json,
         queue=_queue(pick("queue") if pick("queue") is not None else DEFAULT_QUEUE),
         priority=_int32("priority", pick("priority") if pick("priority") is not None else 0),
         max_attempts=None if max_attempts is None else _int32("max_attempts", max_attempts, 1),

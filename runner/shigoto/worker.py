@@ -11,17 +11,20 @@ import importlib
 import inspect
 import logging
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar, overload
 
 from shigoto.backoff import default_backoff
-from shigoto.errors import UnknownWorkerError, ValidationError
+from shigoto.errors import Discard, UnknownWorkerError, ValidationError
 
 log = logging.getLogger("shigoto.worker")
 
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_QUEUE = "default"
+#: Where a sync perform runs: a thread of the runner, or a child process killed at its deadline.
+ISOLATIONS = ("thread", "process")
 
 _registry: dict[str, Worker] = {}
 _registry_lock = threading.Lock()
@@ -44,6 +47,29 @@ def _validate_defaults(
 
 
 
+def _check_definition(name: str, module: str, named: bool, isolation: str) -> None:
+    """Reject an unknown isolation; warn about a name no runner can import."""
+    if isolation not in ISOLATIONS:
+        raise ValidationError(
+            "isolation", f"worker {name} needs one of {', '.join(ISOLATIONS)}, got {isolation!r}"
+        )
+    if module == "__main__" and not named:
+        warnings.warn(
+            f"worker {name} is defined in __main__, so its jobs are enqueued as {name!r}, a "
+            "name no runner can import: move it into a module that runners import "
+            "(--import) or give it an explicit name= that a runner registers",
+            stacklevel=_outside_this_module(),
+        )
+
+
+def _outside_this_module() -> int:
+    """The `stacklevel` of the first frame outside this module: the worker's definition."""
+    frame, level = inspect.currentframe(), 0
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 class Worker:
     """Base for class workers: override `perform(self, args)` and any callback.
 
@@ -58,13 +84,17 @@ class Worker:
     tags: ClassVar[list[str] | None] = None
     #: At most this many of this worker's jobs execute at once across every runner.
     global_concurrency: ClassVar[int | None] = None
+    #: "process": the sync perform runs in a child process, killed at its timeout or cancel.
+    isolation: ClassVar[str] = "thread"
 
     def __init_subclass__(cls, template: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if template:
             return  # a base for other workers (FunctionWorker), not a worker itself
-        if "name" not in cls.__dict__ or not cls.__dict__["name"]:
+        named = bool(cls.__dict__.get("name"))
+        if not named:
             cls.name = f"{cls.__module__}.{cls.__qualname__}"
+        _check_definition(cls.name, cls.__module__, named, cls.isolation)
         _validate_defaults(cls.name, cls.max_attempts, cls.timeout, cls.global_concurrency)
         if not inspect.isabstract(cls) and cls.perform is not Worker.perform:
             register(cls())
@@ -133,9 +163,12 @@ class FunctionWorker(Worker, template=True):
         global_concurrency: int | None = None,
         backoff: Callable[[int, BaseException], float] | None = None,
         on_discard: Callable[[dict[str, Any], list[dict[str, Any]]], Any] | None = None,
+        isolation: str = "thread",
     ) -> None:
         self.fn = fn
         self.name = name or f"{fn.__module__}.{fn.__qualname__}"  # type: ignore[misc]
+        _check_definition(self.name, fn.__module__, bool(name), isolation)
+        self.isolation = isolation  # type: ignore[misc]
         _validate_defaults(self.name, max_attempts, timeout, global_concurrency)
         self.global_concurrency = global_concurrency  # type: ignore[misc]
         self.queue = queue  # type: ignore[misc]
@@ -159,7 +192,14 @@ class FunctionWorker(Worker, template=True):
         return inspect.iscoroutinefunction(self._on_discard)
 
     def perform(self, args: dict[str, Any]) -> Any:
-        return self.fn(**args)
+        try:
+            return self.fn(**args)
+        except TypeError as exc:
+            misfit = args_misfit(self.fn, args)
+            if misfit is None:
+                raise  # raised inside the function: an ordinary failure, retried
+            # Args that do not fit the signature fail the same way on every attempt.
+            raise Discard(f"args do not fit {self.name}: {misfit}") from exc
 
     def backoff(self, attempt: int, error: BaseException) -> float:
         if self._backoff is not None:
@@ -173,14 +213,21 @@ class FunctionWorker(Worker, template=True):
 
     def enqueue(self, **args: Any) -> Any:  # type: ignore[override]
         """Enqueue with the function's keyword arguments as the job's args."""
-        from shigoto.client import enqueue
+        from shigoto.client import enqueue_kwargs
 
-        return enqueue(self, args)
+        return enqueue_kwargs(self, args)
 
     async def aenqueue(self, **args: Any) -> Any:
-        from shigoto.client import aenqueue
+        from shigoto.client import aenqueue_kwargs
 
-        return await aenqueue(self, args)
+        return await aenqueue_kwargs(self, args)
+
+    def options(self, **options: Any) -> Any:
+        """Enqueue options (priority, schedule_in, conn, ...) kept apart from the job's args:
+        `w.options(priority=5).enqueue(user_id=1)`."""
+        from shigoto.client import EnqueueOptions
+
+        return EnqueueOptions(self, options)
 
     def __repr__(self) -> str:
         return f"<shigoto worker {self.name}>"
@@ -200,6 +247,7 @@ def worker(
     global_concurrency: int | None = None,
     backoff: Callable[[int, BaseException], float] | None = None,
     on_discard: Callable[[dict[str, Any], list[dict[str, Any]]], Any] | None = None,
+    isolation: str = "thread",
 ) -> Callable[[Callable[..., Any]], FunctionWorker]: ...
 
 
@@ -212,6 +260,20 @@ def worker(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
         return w
 
     return wrap(fn) if fn is not None else wrap
+
+
+@functools.cache
+def _signature(fn: Callable[..., Any]) -> inspect.Signature:
+    return inspect.signature(fn)
+
+
+def args_misfit(fn: Callable[..., Any], args: dict[str, Any]) -> str | None:
+    """Why `fn(**args)` cannot be called (a missing or unknown argument), or None if it can."""
+    try:
+        _signature(fn).bind(**args)
+    except TypeError as exc:
+        return str(exc)
+    return None
 
 
 def register(w: Worker) -> None:
@@ -231,7 +293,13 @@ def lookup(name: str) -> Worker:
     while module_name:
         try:
             importlib.import_module(module_name)
-        except ImportError:
+        except ImportError as exc:
+            if not _is_missing(exc, module_name):
+                # The module exists but failed to import: that, not "unknown worker", is what
+                # the user needs to see (a missing dependency, a typo in the module).
+                raise ImportError(
+                    f"worker {name}: importing {module_name} failed: {type(exc).__name__}: {exc}"
+                ) from exc
             module_name, _, _ = module_name.rpartition(".")
             continue
         break
@@ -239,6 +307,14 @@ def lookup(name: str) -> Worker:
     if found is None:
         raise UnknownWorkerError(name)
     return found
+
+
+def _is_missing(exc: ImportError, module_name: str) -> bool:
+    """Whether `exc` says `module_name` itself (or a package above it) does not exist."""
+    missing = getattr(exc, "name", None)
+    if not isinstance(exc, ModuleNotFoundError) or not missing:
+        return False
+    return module_name == missing or module_name.startswith(missing + ".")
 
 
 def registered() -> dict[str, Worker]:

@@ -11,8 +11,11 @@ import asyncio
 import atexit
 import threading
 import weakref
+from typing import Any
 
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 _lock = threading.Lock()
 _sync_pools: dict[str, ConnectionPool] = {}
@@ -20,31 +23,87 @@ _async_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Asy
 _async_pools = weakref.WeakKeyDictionary()
 
 CLIENT_POOL_MAX = 8
+#: Seconds libpq may take to connect, unless the URL sets its own `connect_timeout`.
+CONNECT_TIMEOUT = 5
+#: Seconds a caller waits for a pooled connection before being told why there is none. The
+#: pool's own default (30 s, then a bare PoolTimeout) hides a wrong password or a dead host.
+WAIT_TIMEOUT = 5.0
+
+
+def _connect_kwargs(url: str) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"autocommit": True}
+    if "connect_timeout" not in conninfo_to_dict(url):
+        kwargs["connect_timeout"] = CONNECT_TIMEOUT
+    return kwargs
+
+
+def _why_no_connection(url: str, waited: float) -> psycopg.OperationalError:
+    """The server's own reason a pool got no connection (it only logs it), or "busy"."""
+    try:
+        psycopg.connect(url, **_connect_kwargs(url)).close()
+    except psycopg.OperationalError as exc:
+        return exc
+    return PoolTimeout(
+        f"all {CLIENT_POOL_MAX} client connections stayed busy for {waited:g} s; "
+        "the database answers, so something holds them (long transactions?)"
+    )
+
+
+class _ClientPool(ConnectionPool):
+    """Checks each connection as it is handed out (one left broken by a server restart is
+    replaced, not returned), and says why when none can be had."""
+
+    def getconn(self, timeout: float | None = None) -> psycopg.Connection[Any]:
+        try:
+            return super().getconn(timeout)
+        except PoolTimeout:
+            raise _why_no_connection(self.conninfo, timeout or self.timeout) from None
+
+
+class _AsyncClientPool(AsyncConnectionPool):
+    """`_ClientPool` for asyncio."""
+
+    async def getconn(self, timeout: float | None = None) -> psycopg.AsyncConnection[Any]:
+        try:
+            return await super().getconn(timeout)
+        except PoolTimeout:
+            why = await asyncio.to_thread(_why_no_connection, self.conninfo,
+                                          timeout or self.timeout)  # fmt: skip
+            raise why from None
 
 
 def sync_pool(url: str) -> ConnectionPool:
+    """The client pool for `url`; the first call connects once directly, so a bad URL, a wrong
+    password or an unreachable host raises the server's own reason at once."""
     with _lock:
         pool = _sync_pools.get(url)
         if pool is None:
-            pool = ConnectionPool(
+            kwargs = _connect_kwargs(url)
+            psycopg.connect(url, **kwargs).close()
+            pool = _ClientPool(
                 url, min_size=1, max_size=CLIENT_POOL_MAX, open=True, name="shigoto-client",
-                kwargs={"autocommit": True},
-            )
+                kwargs=kwargs, check=ConnectionPool.check_connection, timeout=WAIT_TIMEOUT,
+            )  # fmt: skip
             _sync_pools[url] = pool
         return pool
 
 
 async def async_pool(url: str) -> AsyncConnectionPool:
+    """`sync_pool` for the running event loop."""
     loop = asyncio.get_running_loop()
     pools = _async_pools.setdefault(loop, {})
     pool = pools.get(url)
     if pool is None:
-        pool = AsyncConnectionPool(
-            url, min_size=1, max_size=CLIENT_POOL_MAX, open=False, name="shigoto-aclient",
-            kwargs={"autocommit": True},
-        )
-        pools[url] = pool
-        await pool.open()
+        kwargs = _connect_kwargs(url)
+        await (await psycopg.AsyncConnection.connect(url, **kwargs)).close()
+        pool = pools.get(url)  # another task may have opened it while this one connected
+        if pool is None:
+            pool = _AsyncClientPool(
+                url, min_size=1, max_size=CLIENT_POOL_MAX, open=False, name="shigoto-aclient",
+                kwargs=kwargs, check=AsyncConnectionPool.check_connection, timeout=WAIT_TIMEOUT,
+            )  # fmt: skip
+            pools[url] = pool
+            await pool.open()
     return pool
 
 

@@ -63,31 +63,56 @@ def _lock_key(schema: str) -> sql.Composable:
 
 
 def migrate(database_url: str | None = None, *, schema: str | None = None) -> list[int]:
-    """Apply every pending migration; return the versions applied by this call."""
+    """Apply every pending migration; return the versions applied by this call.
+
+    When the schema is current this only reads: a runtime role with USAGE on the schema and
+    DML rights on the tables can call it (as `shigoto run` does at start) without CREATE.
+    """
     url = config.database_url(database_url)
     schema_name = config.schema(schema)
     migrations = load_migrations()
     with psycopg.connect(url) as conn, conn.transaction():
         conn.execute(_lock_key(schema_name))
-        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema_name)))
-        conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema_name)))
+        try:
+            return _apply(conn, schema_name, migrations)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise MigrationError(
+                f"role {conn.info.user!r} may not change schema {schema_name!r} "
+                f"({exc.diag.message_primary}): run `shigoto migrate` as the role that owns "
+                "the schema; runtime roles need only USAGE on it and DML rights on its tables"
+            ) from None
+
+
+def _apply(conn: psycopg.Connection, schema: str, migrations: list[Migration]) -> list[int]:
+    # Only what is missing is created: CREATE ... IF NOT EXISTS checks the CREATE privilege
+    # before it checks existence, so it would fail for a role without DDL rights.
+    if not _exists(conn, "SELECT 1 FROM pg_namespace WHERE nspname = %s", schema):
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
+    if not _exists(conn, "SELECT to_regclass(%s) IS NOT NULL",
+                   f'"{schema}".shigoto_schema_migrations'):  # fmt: skip
         conn.execute(
-            "CREATE TABLE IF NOT EXISTS shigoto_schema_migrations ("
+            "CREATE TABLE shigoto_schema_migrations ("
             " version integer PRIMARY KEY, name text NOT NULL,"
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
-        done = {row[0] for row in conn.execute("SELECT version FROM shigoto_schema_migrations")}
-        applied = []
-        for migration in migrations:
-            if migration.version in done:
-                continue
-            conn.execute(migration.sql.encode())
-            conn.execute(
-                "INSERT INTO shigoto_schema_migrations (version, name) VALUES (%s, %s)",
-                (migration.version, migration.name),
-            )
-            applied.append(migration.version)
+    done = {row[0] for row in conn.execute("SELECT version FROM shigoto_schema_migrations")}
+    applied = []
+    for migration in migrations:
+        if migration.version in done:
+            continue
+        conn.execute(migration.sql.encode())
+        conn.execute(
+            "INSERT INTO shigoto_schema_migrations (version, name) VALUES (%s, %s)",
+            (migration.version, migration.name),
+        )
+        applied.append(migration.version)
     return applied
+
+
+def _exists(conn: psycopg.Connection, query: str, param: str) -> bool:
+    row = conn.execute(query, (param,)).fetchone()  # type: ignore[arg-type]
+    return bool(row and row[0])
 
 
 async def current_version(conn: psycopg.AsyncConnection, schema: str) -> int:

@@ -6,6 +6,7 @@ every job in the table.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,8 +43,12 @@ class Filter:
             parts.append(sql.SQL("queue = %(queue)s"))
             params["queue"] = self.queue
         if self.worker:
-            parts.append(sql.SQL("worker = %(worker)s"))
+            # The full name, or its last part(s): `send_welcome` finds myapp.workers.send_welcome.
+            parts.append(sql.SQL(
+                "(worker = %(worker)s OR right(worker, %(worker_len)s) = '.' || %(worker)s)"
+            ))  # fmt: skip
             params["worker"] = self.worker
+            params["worker_len"] = len(self.worker) + 1
         if self.tag:
             parts.append(sql.SQL("tags @> ARRAY[%(tag)s]::text[]"))
             params["tag"] = self.tag
@@ -80,16 +85,19 @@ def retry_by(
     worker: str | None = None,
     tag: str | None = None,
     state: str | None = None,
+    dry_run: bool = False,
     database_url: str | None = None,
     schema: str | None = None,
 ) -> list[int]:
     """Make matching jobs available now (retryable, scheduled or finished ones); returns ids.
 
     A job whose attempts are used up gets one more: it runs once and, failing again, is
-    discarded again.
+    discarded again. With `dry_run=True` nothing changes: the ids are those it would retry.
     """
     f = _filter(ids, queue, worker, tag, state)
     stmts = _sql.statements(config.schema(schema))
+    if dry_run:
+        return _matching(f, RETRYABLE_FROM, stmts, database_url)
     where, params = f.where()
     query = sql.SQL(
         "UPDATE {jobs} SET state = 'available', scheduled_at = now(), finished_at = NULL,"
@@ -117,13 +125,19 @@ def cancel_by(
     tag: str | None = None,
     state: str | None = None,
     reason: str = "cancelled by operator",
+    dry_run: bool = False,
     database_url: str | None = None,
     schema: str | None = None,
 ) -> list[int]:
-    """Cancel matching unfinished jobs; executing ones are also stopped on their runner."""
+    """Cancel matching unfinished jobs; executing ones are also stopped on their runner.
+
+    With `dry_run=True` nothing changes: the ids are those it would cancel.
+    """
     f = _filter(ids, queue, worker, tag, state)
     schema_name = config.schema(schema)
     stmts = _sql.statements(schema_name)
+    if dry_run:
+        return _matching(f, CANCELLABLE_STATES, stmts, database_url)
     where, params = f.where()
     query = sql.SQL(
         "UPDATE {jobs} SET state = 'cancelled', finished_at = now(),"
@@ -146,21 +160,70 @@ def cancel_by(
     return ids_done
 
 
+def _matching(
+    f: Filter, states: Iterable[JobState], stmts: _sql.Statements, database_url: str | None
+) -> list[int]:
+    where, params = f.where()
+    query = sql.SQL("SELECT id FROM {jobs} WHERE state = ANY(%(from)s) AND {where} ORDER BY id")
+    params["from"] = sorted(states)
+    with database.sync_pool(config.database_url(database_url)).connection() as conn:
+        rows = conn.execute(query.format(jobs=stmts.jobs_table, where=where), params).fetchall()
+    return [r[0] for r in rows]
+
+
+def explain_no_match(
+    action: str,
+    *,
+    ids: Iterable[int] | None = None,
+    queue: str | None = None,
+    worker: str | None = None,
+    tag: str | None = None,
+    state: str | None = None,
+    database_url: str | None = None,
+    schema: str | None = None,
+) -> str:
+    """Why `retry_by` / `cancel_by` (`action` "retry" or "cancel") matched nothing: no job
+    fits the filters at all, or the ones that do are in states the action leaves alone."""
+    f = _filter(ids, queue, worker, tag, state)
+    stmts = _sql.statements(config.schema(schema))
+    where, params = f.where()
+    query = sql.SQL("SELECT state, count(*) FROM {jobs} WHERE {where} GROUP BY state ORDER BY 1")
+    with database.sync_pool(config.database_url(database_url)).connection() as conn:
+        found = conn.execute(query.format(jobs=stmts.jobs_table, where=where), params).fetchall()
+    acts_on = RETRYABLE_FROM if action == "retry" else CANCELLABLE_STATES
+    if not found:
+        if worker:
+            return (f"no job has worker {worker!r} (nor a name ending in '.{worker}') with these "
+                    "filters; `shigoto status` lists the queues")  # fmt: skip
+        return "no job matches these filters"
+    counts = ", ".join(f"{n} {s}" for s, n in found)
+    return (
+        f"the jobs that match are {counts}; {action} acts only on "
+        f"{', '.join(sorted(str(s) for s in acts_on))} jobs"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Status:
     counts: dict[str, dict[str, int]]
     oldest_available_age: dict[str, float]
     nodes: list[dict[str, Any]]
     cron: list[dict[str, Any]] = field(default_factory=list)
+    #: Shared settings by queue: {"paused": bool, "global_concurrency": int | None}.
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def setting(self, queue: str) -> dict[str, Any]:
+        return self.settings.get(queue, {"paused": False, "global_concurrency": None})
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "queues": {
                 q: {
-                    "counts": self.counts[q],
+                    "counts": self.counts.get(q, {s.value: 0 for s in JobState}),
                     "oldest_available_age": self.oldest_available_age.get(q),
+                    **self.setting(q),
                 }
-                for q in sorted(self.counts)
+                for q in sorted(self.counts.keys() | self.settings.keys())
             },
             "nodes": self.nodes,
             "cron": self.cron,
@@ -180,7 +243,20 @@ def _status(conn: psycopg.Connection[Any], stmts: _sql.Statements) -> Status:
             "started_at": started.isoformat(), "last_seen_at": seen.isoformat(),
             "silent_for": round(float(silent), 3),
         })  # fmt: skip
-    return Status(counts, ages, nodes, _cron_entries(conn, stmts.schema))
+    return Status(counts, ages, nodes, _cron_entries(conn, stmts.schema),
+                  _queue_settings(conn, stmts.schema))  # fmt: skip
+
+
+def _queue_settings(conn: psycopg.Connection[Any], schema: str) -> dict[str, dict[str, Any]]:
+    """Queues that are paused or globally limited; queues at their defaults are left out."""
+    query = sql.SQL(
+        "SELECT name, paused, global_concurrency FROM {} "
+        "WHERE paused OR global_concurrency IS NOT NULL ORDER BY name"
+    ).format(sql.Identifier(schema, "shigoto_queues"))
+    return {
+        name: {"paused": paused, "global_concurrency": limit}
+        for name, paused, limit in conn.execute(query)
+    }
 
 
 def _cron_entries(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
@@ -234,8 +310,9 @@ def health(
     An unreachable database is reported as unhealthy within `timeout` seconds.
     """
     stmts = _sql.statements(config.schema(schema))
-    pool = database.sync_pool(config.database_url(database_url))
+    url = config.database_url(database_url)
     try:
+        pool = database.sync_pool(url)  # connects once at first use: may fail too
         with pool.connection(timeout=timeout) as conn:
             st = _status(conn, stmts)
             stale = conn.execute(stmts.stale_executing, {"stale_after": stale_after}).fetchall()
@@ -263,3 +340,38 @@ def health(
         "stale_jobs": stale_jobs,
         "nodes": st.nodes,
     }
+
+
+def prune(
+    *,
+    prune_after: float | None = None,
+    archive_retention: float | None = None,
+    database_url: str | None = None,
+    schema: str | None = None,
+) -> dict[str, int]:
+    """Run the pruner once, now: finished jobs older than `prune_after` seconds (default 14
+    days) move to the archive; archived ones older than `archive_retention` (default 30 days)
+    are deleted. Returns {"archived": n, "deleted": m}. Runners do this hourly on their own."""
+    from shigoto import telemetry
+    from shigoto.pruner import PRUNE_BATCH
+
+    defaults = config.RunnerSettings()
+    after = defaults.prune_after if prune_after is None else prune_after
+    keep = defaults.archive_retention if archive_retention is None else archive_retention
+    for name, value in (("prune_after", after), ("archive_retention", keep)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ValidationError(name, f"must be zero or more seconds, got {value!r}")
+    stmts = _sql.statements(config.schema(schema))
+    done = {"archived": 0, "deleted": 0}
+    started = time.monotonic()
+    with database.sync_pool(config.database_url(database_url)).connection() as conn:
+        for key, statement, age in (("archived", stmts.archive, after),
+                                    ("deleted", stmts.delete_archived, keep)):  # fmt: skip
+            while True:
+                count = conn.execute(statement, {"after": age, "limit": PRUNE_BATCH}).rowcount
+                done[key] += count
+                if count < PRUNE_BATCH:
+                    break
+    telemetry.emit("pruner.prune", {"duration": time.monotonic() - started, **done},
+                   {"node": "shigoto prune"})  # fmt: skip
+    return done

@@ -1,0 +1,196 @@
+"""The whole loop on a cluster with a node: the operator from its image, installed with
+deploy/, runs user runner pods built FROM our runner image, which drain a real queue; the
+Queue scales up on the backlog and back to zero.
+
+Needs, beyond SHIGOTO_E2E_KUBECONFIG: a Ready node, a Docker engine to build the images,
+SHIGOTO_E2E_LOAD_IMAGE to hand them to the node, and SHIGOTO_E2E_DATABASE_URL (a database the
+pods can reach). Skips with the reason when any is missing. SHIGOTO_E2E_PYTHON_IMAGE picks the
+images' base (the PYTHON_IMAGE build argument) where the default cannot be pulled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import shigoto
+from tests.e2e.conftest import OPERATOR_NS, ROOT, Kube, eventually, secret_manifest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
+
+TAG = "e2e"
+RUNNER, OPERATOR, EXAMPLE = (f"shigoto-{n}:{TAG}" for n in ("runner", "operator", "example"))
+JOBS, TARGET, MAX = 200, 20, 3
+
+OVERLAY = """\
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [{base}]
+images: [{{name: shigoto-operator, newTag: {tag}}}]
+patches:
+  - target: {{kind: Deployment, name: shigoto-operator}}
+    patch: |
+      - {{op: replace, path: /spec/template/spec/containers/0/imagePullPolicy, value: Never}}
+"""
+
+
+def _missing(kube: Kube) -> str | None:
+    nodes = json.loads(kube("get", "nodes", "-o", "json"))["items"]
+    ready = [
+        n
+        for n in nodes
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])
+    ]
+    if not ready:
+        return "the cluster has no Ready node"
+    if (
+        shutil.which("docker") is None
+        or subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode
+    ):
+        return "no Docker engine answers `docker info`"
+    for var in ("SHIGOTO_E2E_LOAD_IMAGE", "SHIGOTO_E2E_DATABASE_URL"):
+        if not os.environ.get(var):
+            return f"{var} is not set"
+    return None
+
+
+def _sh(command: str | list[str], timeout: float = 1800) -> None:
+    result = subprocess.run(
+        command, shell=isinstance(command, str), capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def images(installed: Kube) -> None:
+    reason = _missing(installed)
+    if reason:
+        pytest.skip(f"in-cluster test: {reason}")
+    base = os.environ.get("SHIGOTO_E2E_PYTHON_IMAGE")
+    build = ["docker", "build", "--network", "host"]
+    build += ["--build-arg", f"PYTHON_IMAGE={base}"] if base else []
+    _sh([*build, "-f", str(ROOT / "Dockerfile.runner"), "-t", RUNNER, str(ROOT)])
+    _sh([*build, "-f", str(ROOT / "Dockerfile.operator"), "-t", OPERATOR, str(ROOT)])
+    user_build = ["docker", "build", "--network", "host"]
+    user_build += ["--build-arg", f"SHIGOTO_RUNNER_IMAGE={RUNNER}", "-t", EXAMPLE]
+    _sh([*user_build, str(ROOT / "deploy" / "examples")])
+    for image in (RUNNER, OPERATOR, EXAMPLE):
+        _sh(os.environ["SHIGOTO_E2E_LOAD_IMAGE"].replace("{image}", image), timeout=600)
+
+
+@pytest.fixture(scope="module")
+def operator_in_cluster(
+    installed: Kube, images: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Kube]:
+    """deploy/ with the image just built, as a user's overlay would pin it."""
+    overlay = tmp_path_factory.mktemp("overlay")
+    base = os.path.relpath(ROOT / "deploy", overlay)
+    (overlay / "kustomization.yaml").write_text(OVERLAY.format(base=base, tag=TAG))
+    installed("apply", "-k", str(overlay))
+    if os.environ.get("SHIGOTO_E2E_HOSTNET") == "1":
+        installed("label", "namespace", OPERATOR_NS, "--overwrite", "shigoto-e2e=hostnet",
+                  "pod-security.kubernetes.io/enforce=privileged")  # fmt: skip
+    installed("-n", OPERATOR_NS, "scale", "deployment/shigoto-operator", "--replicas=1")
+    installed("-n", OPERATOR_NS, "rollout", "restart", "deployment/shigoto-operator")
+    installed("-n", OPERATOR_NS, "rollout", "status", "deployment/shigoto-operator",
+              "--timeout=300s", timeout=330)  # fmt: skip
+    try:
+        yield installed
+    finally:
+        installed("-n", OPERATOR_NS, "scale", "deployment/shigoto-operator", "--replicas=0")
+        installed("apply", "-k", str(ROOT / "deploy"))  # back to the shipped manifests
+        installed("-n", OPERATOR_NS, "scale", "deployment/shigoto-operator", "--replicas=0")
+
+
+def _diagnostics(kube: Kube, ns: str) -> str:
+    parts = []
+    for argv in (
+        ("-n", OPERATOR_NS, "logs", "deploy/shigoto-operator", "--tail=150"),
+        ("-n", ns, "get", "queues,deployments,pods,events", "-o", "wide"),
+        ("-n", ns, "logs", "deploy/shigoto-runner-work", "--all-containers", "--tail=50"),
+    ):
+        parts.append(f"$ kubectl {' '.join(argv)}\n{kube.run(*argv, check=False).stdout}")
+    return "\n".join(parts)
+
+
+def test_runner_pods_drain_a_queue_and_scale_back_to_zero(
+    operator_in_cluster: Kube, namespace: str, fresh_db: str, tmp_path: Path
+) -> None:
+    kube, ns = operator_in_cluster, namespace
+    queue = {
+        "apiVersion": "shigoto.dev/v1alpha1",
+        "kind": "Queue",
+        "metadata": {"name": "work", "namespace": ns},
+        "spec": {
+            "concurrency": 5,
+            "database": {"secretRef": {"name": "shigoto-db"}},
+            "runner": {
+                "image": EXAMPLE,
+                "imagePullPolicy": "Never",
+                "imports": ["shigoto_example.workers"],
+            },
+            "autoscaling": {
+                "minReplicas": 0,
+                "maxReplicas": MAX,
+                "targetJobsPerReplica": TARGET,
+                "pollIntervalSeconds": 2,
+                "scaleDownStabilizationSeconds": 10,
+            },
+        },
+    }
+
+    def replicas() -> int:
+        dep = kube.get("deployment", "-n", ns, "shigoto-runner-work") or {}
+        return int(dep.get("spec", {}).get("replicas", -1))
+
+    def ready() -> int:
+        dep = kube.get("deployment", "-n", ns, "shigoto-runner-work") or {}
+        return int(dep.get("status", {}).get("readyReplicas", 0))
+
+    def completed() -> int:
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM shigoto_jobs WHERE state = 'completed'"
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    try:
+        kube.run("apply", "-f", "-", stdin=secret_manifest(ns, "shigoto-db", fresh_db))
+        kube.run("apply", "-f", "-", stdin=json.dumps(queue))
+        # the operator (in its pod) migrates the fresh database; then the backlog arrives
+        eventually(
+            lambda: replicas() == 0 and _tables(fresh_db), timeout=180, message="migrated, at 0"
+        )
+        shigoto.enqueue_many(
+            [
+                {
+                    "worker": "shigoto_example.workers.hello",
+                    "args": {"name": str(i), "seconds": 0.2},
+                    "queue": "work",
+                }
+                for i in range(JOBS)
+            ],
+            database_url=fresh_db,
+        )
+        eventually(lambda: replicas() == MAX, timeout=120, message=f"scaled up to {MAX}")
+        eventually(ready, timeout=300, message="a runner pod ready")
+        eventually(lambda: completed() == JOBS, timeout=600, message="every job completed")
+        eventually(lambda: replicas() == 0, timeout=180, message="scaled back to zero")
+        pods = json.loads(kube("get", "pods", "-n", ns, "-o", "json"))["items"]
+        running = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        assert [p["status"]["phase"] for p in running if p["status"]["phase"] == "Running"] == []
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{_diagnostics(kube, ns)}") from None
+
+
+def _tables(url: str) -> bool:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT to_regclass('shigoto_jobs') IS NOT NULL").fetchone()
+    return bool(row and row[0])

@@ -1,0 +1,318 @@
+"""A real API server, controller manager and RBAC: what kmock and cel-python cannot show.
+
+The CRDs install and reject bad objects at `kubectl apply`; the operator, logged in with its
+ServiceAccount's own token, drives a Queue on a fresh database to Ready, scales on 500 jobs and
+back to zero, keeps a CronSchedule's row, and is denied what it must not do; a real garbage
+collector removes a runner Deployment through its owner reference; the opt-in admission policy
+refuses a disallowed image. Needs SHIGOTO_E2E_KUBECONFIG (see conftest.py); no node is needed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+import pytest
+
+import shigoto
+from tests.e2e.conftest import (
+    ROOT,
+    Kube,
+    OperatorProcess,
+    eventually,
+    secret_manifest,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+
+def queue_manifest(namespace: str, name: str, **spec: Any) -> str:
+    body: dict[str, Any] = {
+        "database": {"secretRef": {"name": "shigoto-db"}},
+        "runner": {"image": "shigoto-example:0.1.0", "imports": ["shigoto_example.workers"]},
+        "autoscaling": {
+            "minReplicas": 0,
+            "maxReplicas": 10,
+            "targetJobsPerReplica": 100,
+            "pollIntervalSeconds": 1,
+            "scaleDownStabilizationSeconds": 2,
+        },
+    }
+    body.update(spec)
+    return json.dumps(
+        {
+            "apiVersion": "shigoto.dev/v1alpha1",
+            "kind": "Queue",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": body,
+        }
+    )
+
+
+def cron_manifest(namespace: str, name: str, **spec: Any) -> str:
+    body = {
+        "schedule": "0 3 * * *",
+        "worker": "shigoto_example.workers.nightly_report",
+        "database": {"secretRef": {"name": "shigoto-db"}},
+        **spec,
+    }
+    return json.dumps(
+        {
+            "apiVersion": "shigoto.dev/v1alpha1",
+            "kind": "CronSchedule",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": body,
+        }
+    )
+
+
+# --- the CRDs on a real API server ---------------------------------------------------------------
+
+
+def test_crds_are_established_and_documented(installed: Kube) -> None:
+    explained = installed("explain", "queues.spec.autoscaling.minReplicas")
+    assert "scales to zero" in explained
+    names = installed("api-resources", "--api-group=shigoto.dev", "-o", "name").split()
+    assert sorted(names) == ["cronschedules.shigoto.dev", "queues.shigoto.dev"]
+
+
+#: (id, manifest maker, a phrase the API server's refusal must contain)
+BAD = [
+    ("min-above-max", lambda ns: queue_manifest(
+        ns, "bad", autoscaling={"minReplicas": 5, "maxReplicas": 2}), "maxReplicas"),
+    ("min-above-default-max", lambda ns: queue_manifest(
+        ns, "bad", autoscaling={"minReplicas": 11}), "maxReplicas"),
+    ("no-runner", lambda ns: queue_manifest(ns, "bad", runner=None), "spec.runner"),
+    ("empty-image", lambda ns: queue_manifest(ns, "bad", runner={"image": ""}),
+     "spec.runner.image"),
+    ("concurrency-0", lambda ns: queue_manifest(ns, "bad", concurrency=0), "spec.concurrency"),
+    ("queue-name-space", lambda ns: queue_manifest(ns, "bad", queueName="two words"),
+     "spec.queueName"),
+    ("bad-schema", lambda ns: queue_manifest(
+        ns, "bad", database={"secretRef": {"name": "x"}, "schema": "a;b"}),
+     "spec.database.schema"),
+    ("unknown-field", lambda ns: queue_manifest(ns, "bad", concurency=5), "concurency"),
+    ("object-name-too-long", lambda ns: queue_manifest(ns, "q" * 60), "metadata.name"),
+    ("cron-four-fields", lambda ns: cron_manifest(ns, "bad", schedule="* * * *"),
+     "spec.schedule"),
+    ("cron-bad-catch-up", lambda ns: cron_manifest(ns, "bad", catchUp="some"), "spec.catchUp"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("make", "phrase"), [pytest.param(m, p, id=i) for i, m, p in BAD])
+def test_bad_objects_are_refused_at_apply(installed: Kube, make: Any, phrase: str) -> None:
+    result = installed.apply(make("default"), dry_run=True)
+    assert result.returncode != 0, f"accepted:\n{result.stdout}"
+    assert phrase in result.stderr, result.stderr
+
+
+def test_minimal_objects_are_accepted_and_defaulted(installed: Kube) -> None:
+    for manifest in (queue_manifest("default", "ok"), cron_manifest("default", "ok")):
+        result = installed.run("apply", "--dry-run=server", "-o", "json", "-f", "-", stdin=manifest)
+        spec = json.loads(result.stdout)["spec"]
+        assert spec["database"]["migrate"] is True
+        assert spec["database"]["schema"] == "public"
+    queue = json.loads(
+        installed.run(
+            "apply",
+            "--dry-run=server",
+            "-o",
+            "json",
+            "-f",
+            "-",
+            stdin=queue_manifest("default", "ok", autoscaling=None),
+        ).stdout
+    )
+    assert queue["spec"]["autoscaling"]["minReplicas"] == 0
+    assert queue["spec"]["autoscaling"]["maxReplicas"] == 10
+
+
+# --- RBAC, as the API server enforces it ---------------------------------------------------------
+
+ALLOWED = [
+    ("get", "secrets"),
+    ("create", "deployments.apps"),
+    ("patch", "deployments.apps"),
+    ("delete", "deployments.apps"),
+    ("watch", "queues.shigoto.dev"),
+    ("patch", "queues.shigoto.dev/status"),
+    ("patch", "cronschedules.shigoto.dev"),
+    ("create", "events"),
+]
+DENIED = [
+    ("list", "secrets"),
+    ("watch", "secrets"),
+    ("create", "secrets"),
+    ("get", "pods"),
+    ("create", "pods"),
+    ("update", "deployments.apps"),
+    ("delete", "queues.shigoto.dev"),
+    ("create", "roles.rbac.authorization.k8s.io"),
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+    ("get", "configmaps"),
+]
+
+
+def test_the_operator_is_allowed_what_it_uses_and_denied_the_rest(installed: Kube) -> None:
+    assert [rule for rule in ALLOWED if not installed.can_i(*rule, namespace="default")] == []
+    assert [rule for rule in DENIED if installed.can_i(*rule, namespace="default")] == []
+    assert [rule for rule in DENIED if installed.can_i(*rule)] == []
+
+
+# --- the operator under its own ServiceAccount ---------------------------------------------------
+
+
+def _condition(kube: Kube, kind: str, namespace: str, name: str, type_: str) -> dict[str, Any]:
+    obj = kube.get(kind, "-n", namespace, name) or {}
+    for cond in obj.get("status", {}).get("conditions", []):
+        if cond["type"] == type_:
+            return dict(cond)
+    return {}
+
+
+def _replicas(kube: Kube, namespace: str, queue: str) -> int | None:
+    dep = kube.get("deployment", "-n", namespace, f"shigoto-runner-{queue}")
+    return None if dep is None else int(dep["spec"].get("replicas", 1))
+
+
+def _no_forbidden(operator: OperatorProcess) -> None:
+    log = operator.output()
+    refused = [line for line in log.splitlines() if "403" in line or "Forbidden" in line]
+    assert refused == [], "\n".join(refused)
+
+
+def test_queue_and_cron_lifecycle_with_the_operators_own_rights(
+    installed: Kube, namespace: str, fresh_db: str, operator_as_sa: OperatorProcess
+) -> None:
+    kube, ns = installed, namespace
+    try:
+        kube.run("apply", "-f", "-", stdin=secret_manifest(ns, "shigoto-db", fresh_db))
+        kube.run("apply", "-f", "-", stdin=queue_manifest(ns, "mail"))
+
+        # A fresh database becomes Ready: the operator migrated it.
+        eventually(
+            lambda: _condition(kube, "queue", ns, "mail", "Ready").get("reason") == "ScaledToZero",
+            timeout=90,
+            message="Queue Ready (ScaledToZero) on a fresh database",
+        )
+        queue = kube.get("queue", "-n", ns, "mail")
+        dep = kube.get("deployment", "-n", ns, "shigoto-runner-mail")
+        assert queue is not None and dep is not None
+        [owner] = dep["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["uid"]) == ("Queue", queue["metadata"]["uid"])
+
+        # 500 jobs: up to ceil(500 / 100) = 5, with the counts in `kubectl get queues`.
+        shigoto.enqueue_many(
+            [
+                {
+                    "worker": "shigoto_example.workers.hello",
+                    "args": {"name": str(i)},
+                    "queue": "mail",
+                }
+                for i in range(500)
+            ],
+            database_url=fresh_db,
+        )
+        eventually(lambda: _replicas(kube, ns, "mail") == 5, timeout=60, message="5 replicas")
+        table = eventually(
+            lambda: (out := kube("get", "queues.shigoto.dev", "-n", ns)) and " 500 " in out and out,
+            timeout=60,
+            message="500 available jobs in kubectl get queues",
+        )
+        assert "AVAILABLE" in table.splitlines()[0]
+
+        # The jobs finish (runner pods need a node; here the rows are finished directly).
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE shigoto_jobs SET state = 'completed', completed_at = now(), "
+                "finished_at = now() WHERE queue = 'mail'"
+            )
+        eventually(lambda: _replicas(kube, ns, "mail") == 0, timeout=60, message="back to 0")
+
+        # A CronSchedule's row exists while the object does.
+        kube.run("apply", "-f", "-", stdin=cron_manifest(ns, "nightly"))
+        eventually(
+            lambda: (
+                _condition(kube, "cronschedule", ns, "nightly", "Ready").get("status") == "True"
+            ),
+            timeout=60,
+            message="CronSchedule Ready",
+        )
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM shigoto_cron").fetchone() == (1,)
+        kube("delete", "cronschedule", "-n", ns, "nightly", "--timeout=60s")
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM shigoto_cron").fetchone() == (0,)
+
+        kube("delete", "queue", "-n", ns, "mail", "--timeout=60s")
+        eventually(
+            lambda: kube.get("deployment", "-n", ns, "shigoto-runner-mail") is None,
+            timeout=60,
+            message="runner Deployment deleted with its Queue",
+        )
+        _no_forbidden(operator_as_sa)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n--- operator log ---\n{operator_as_sa.output()}") from None
+
+
+def test_garbage_collector_removes_the_runner_deployment_through_its_owner_reference(
+    installed: Kube, namespace: str, fresh_db: str, operator_as_sa: OperatorProcess
+) -> None:
+    """With the operator gone and its finalizer removed, only the owner reference is left
+    to clean up: the cluster's own garbage collector must accept it and act on it."""
+    kube, ns = installed, namespace
+    kube.run("apply", "-f", "-", stdin=secret_manifest(ns, "shigoto-db", fresh_db))
+    kube.run("apply", "-f", "-", stdin=queue_manifest(ns, "gc"))
+    eventually(
+        lambda: kube.get("deployment", "-n", ns, "shigoto-runner-gc"),
+        timeout=90,
+        message="runner Deployment created",
+    )
+    operator_as_sa.stop()
+    kube("patch", "queue", "-n", ns, "gc", "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
+    kube("delete", "queue", "-n", ns, "gc", "--timeout=60s")
+    eventually(
+        lambda: kube.get("deployment", "-n", ns, "shigoto-runner-gc") is None,
+        timeout=120,
+        message="garbage collector removed the orphaned Deployment",
+    )
+
+
+# --- the opt-in admission policy -----------------------------------------------------------------
+
+
+@pytest.fixture
+def queue_policy(installed: Kube) -> Any:
+    installed("apply", "-k", str(ROOT / "deploy" / "policies"))
+    yield installed
+    installed("delete", "-k", str(ROOT / "deploy" / "policies"), "--ignore-not-found")
+
+
+def test_admission_policy_refuses_disallowed_images_and_service_accounts(
+    queue_policy: Kube,
+) -> None:
+    kube = queue_policy
+
+    def refused(manifest: str) -> str:
+        result = kube.apply(manifest, dry_run=True)
+        return result.stderr if result.returncode != 0 else ""
+
+    evil = queue_manifest("default", "evil", runner={"image": "docker.io/evil/miner:1"})
+    # a new policy takes effect within seconds (the API server compiles it asynchronously)
+    message = eventually(lambda: refused(evil), timeout=60, message="policy in force")
+    assert "spec.runner.image" in message and "docker.io/evil/miner:1" in message
+    sa = queue_manifest(
+        "default",
+        "sa",
+        runner={"image": "registry.example.com/w:1", "serviceAccountName": "cluster-admin-ish"},
+    )
+    assert "spec.runner.serviceAccountName" in refused(sa)
+    tolerant = queue_manifest(
+        "default",
+        "tol",
+        runner={"image": "registry.example.com/w:1", "tolerations": [{"operator": "Exists"}]},
+    )
+    assert "spec.runner.tolerations" in refused(tolerant)
+    fine = queue_manifest("default", "fine", runner={"image": "registry.example.com/w:1"})
+    assert refused(fine) == ""

@@ -1,0 +1,110 @@
+"""The namespaced install and the opt-in Queue admission policy, rendered by real kustomize.
+
+The namespaced install must be the cluster-wide one minus every cluster-wide right on data:
+the same operator Deployment (but told which namespaces to watch), Roles with the same verbs
+in each watched namespace, and only a read-only CRD watch left cluster-wide.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.unit.test_deploy_manifests import DEPLOY, EXPECTED_RULES
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("kubectl") is None, reason="kubectl (its embedded kustomize) is not on PATH"
+)
+
+#: Rights that exist only for a cluster-wide watch.
+CLUSTER_ONLY = {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
+
+
+def render(directory: Path) -> list[dict[str, Any]]:
+    result = subprocess.run(
+        ["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def test_namespaced_install_has_no_cluster_wide_rights_on_data() -> None:
+    objects = render(DEPLOY / "namespaced")
+    [cluster_role] = by_kind(objects, "ClusterRole")
+    assert rules(cluster_role) == {
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}
+    }
+    [role] = by_kind(objects, "Role")
+    expected = {k: v for k, v in EXPECTED_RULES.items() if k not in CLUSTER_ONLY}
+    assert rules(role) == expected
+    [binding] = by_kind(objects, "RoleBinding")
+    assert binding["metadata"]["namespace"] == role["metadata"]["namespace"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "shigoto-operator", "namespace": "shigoto-system"}
+    ]
+
+
+def test_namespaced_operator_watches_exactly_the_namespaces_it_has_roles_in() -> None:
+    objects = render(DEPLOY / "namespaced")
+    [deployment] = by_kind(objects, "Deployment")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    command = container["command"]
+    assert "--all-namespaces" not in command
+    watched = {arg.split("=", 1)[1] for arg in command if arg.startswith("--namespace=")}
+    assert watched == {r["metadata"]["namespace"] for r in by_kind(objects, "Role")}
+    assert command[-3:] == ["-m", "shigoto_operator", "--liveness=http://0.0.0.0:8080/healthz"]
+
+
+def test_both_installs_ship_the_same_crds_and_operator_pod_apart_from_the_command() -> None:
+    cluster, namespaced = render(DEPLOY), render(DEPLOY / "namespaced")
+    assert by_kind(cluster, "CustomResourceDefinition") == by_kind(
+        namespaced, "CustomResourceDefinition"
+    )
+    [a], [b] = by_kind(cluster, "Deployment"), by_kind(namespaced, "Deployment")
+    for dep in (a, b):
+        del dep["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert a == b
+
+
+def test_queue_policy_is_a_v1_admission_policy_with_a_deny_binding() -> None:
+    objects = render(DEPLOY / "policies")
+    [policy] = by_kind(objects, "ValidatingAdmissionPolicy")
+    [binding] = by_kind(objects, "ValidatingAdmissionPolicyBinding")
+    [params] = by_kind(objects, "ConfigMap")
+    assert policy["apiVersion"] == "admissionregistration.k8s.io/v1"
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert binding["spec"]["paramRef"]["name"] == params["metadata"]["name"]
+    assert binding["spec"]["paramRef"]["namespace"] == params["metadata"]["namespace"]
+    assert set(params["data"]) == {"allowedImagePrefixes", "allowedServiceAccounts",
+                                   "allowTolerations"}  # fmt: skip
+    [rule] = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"]) == (["shigoto.dev"], ["queues"])
+    for validation in policy["spec"]["validations"]:
+        said = validation.get("message", "") + validation.get("messageExpression", "")
+        assert "spec.runner." in said, "each refusal names the field"
+
+
+def test_policy_is_not_part_of_either_install() -> None:
+    for directory in (DEPLOY, DEPLOY / "namespaced"):
+        kinds = {o["kind"] for o in render(directory)}
+        assert "ValidatingAdmissionPolicy" not in kinds, directory

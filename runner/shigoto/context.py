@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,19 @@ class JobContext:
     meta: dict[str, Any] = field(default_factory=dict)
     _progress_sink: Callable[[int], None] | None = field(default=None, repr=False)
     progress: int | None = None
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the runner gave up on this attempt (timeout, cancel, shutdown).
+
+        A sync perform cannot be interrupted from outside; one that may run long should check
+        this between steps and return (or raise) when it turns True, so its thread is freed.
+        """
+        return self._cancel.is_set()
+
+    def _request_cancel(self) -> None:
+        self._cancel.set()
 
     def report_progress(self, percent: float) -> None:
         """Record progress (0-100) on the job row; written in the background, never blocking."""

@@ -1,8 +1,15 @@
 """Runs one job under its timeout and maps what happened to a `Completion`. No SQL here.
 
-Async performs run on the event loop; sync performs run in a thread pool with the job context
-copied in. A sync perform that overruns its timeout cannot be killed (Python threads cannot be
-interrupted); its attempt is failed at the deadline and its late result is ignored.
+Async performs run on the event loop; sync performs run on a thread of `shigoto.threads` with
+the job context copied in, or in a child process with `isolation="process"`. A thread cannot be
+killed: a sync perform past its deadline (or cancelled) has its attempt failed at once, its
+context's `cancelled` turned True, and its thread abandoned, counted as stuck until it returns.
+Nothing else ever waits for that thread: the worker's callbacks (`backoff`, `on_discard`) run
+on threads of their own, under `callback_timeout`, so the outcome is always recorded.
+
+Every outcome is logged on `shigoto.executor`, one line each with the fields job_id, worker,
+queue and attempt: failures, retries, discards and cancels at INFO, successes and snoozes at
+DEBUG; tracebacks at `traceback_level`. Job args never appear in the log.
 """
 
 from __future__ import annotations
@@ -14,21 +21,29 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from shigoto import telemetry
 from shigoto.backoff import default_backoff
 from shigoto.context import JobContext, reset_current, set_current
 from shigoto.errors import Cancel, Discard, JobTimeoutError, Outcome, Snooze
+from shigoto.isolation import perform_in_process
 from shigoto.job import Job, JobState
+from shigoto.threads import Threads
 from shigoto.worker import DEFAULT_MAX_ATTEMPTS, DEFAULT_TIMEOUT, Worker
 
 log = logging.getLogger("shigoto.executor")
 
 MAX_TRACEBACK_CHARS = 20_000
+#: Seconds a worker's `backoff` or `on_discard` may take before the outcome is recorded without.
+CALLBACK_TIMEOUT = 30.0
+#: Seconds a child process of `isolation="process"` may take to start and import its worker.
+PROCESS_START_TIMEOUT = 60.0
+#: Threads for worker callbacks: bounded, since a callback waits under its timeout anyway.
+CALLBACK_THREADS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,11 +102,23 @@ class JobExecutor:
         resolve: Callable[[str], Worker],
         threads: Executor,
         progress: Callable[[Job, int], None] | None = None,
+        callbacks: Executor | None = None,
+        callback_timeout: float = CALLBACK_TIMEOUT,
+        traceback_level: int = logging.DEBUG,
     ) -> None:
         self.node = node
         self.resolve = resolve
         self.threads = threads
         self.progress = progress
+        self.callbacks = callbacks or Threads("shigoto-callback", max_threads=CALLBACK_THREADS)
+        self.callback_timeout = callback_timeout
+        self.traceback_level = traceback_level
+        #: Jobs whose cancel was asked for from outside (`shigoto cancel`), by id: reason.
+        self._cancel_requests: dict[int, str] = {}
+
+    def request_cancel(self, job_id: int, reason: str) -> None:
+        """Mark `job_id` as cancelled from outside, before its task is cancelled."""
+        self._cancel_requests[job_id] = reason
 
     async def execute(self, job: Job) -> Completion:
         started = time.monotonic()
@@ -104,16 +131,32 @@ class JobExecutor:
             ctx = self._context(job, worker)
             outcome: Any = await self._perform(job, worker, ctx)
         except asyncio.CancelledError:
+            self._cancelled(job, time.monotonic() - started)
             raise
         except Outcome as raised:
             outcome = raised
         except BaseException as error:
             outcome = _Failure(error)
+        finally:
+            if ctx is not None:
+                ctx._request_cancel()  # the attempt is over, whatever a straggler still does
         duration = time.monotonic() - started
         completion = await self._complete(job, worker, outcome, duration)
         if ctx is not None and ctx.progress is not None:
             completion = replace(completion, progress=ctx.progress)
         return completion
+
+    def _cancelled(self, job: Job, duration: float) -> None:
+        """The job's task was cancelled: by an operator's cancel, or by shutdown."""
+        reason = self._cancel_requests.pop(job.id, None)
+        if reason is None:
+            return  # shutdown: the job is put back, not an outcome
+        telemetry.emit(
+            "job.cancel", {"duration": duration},
+            {"job": job, "node": self.node, "reason": reason, "source": "operator"},
+        )  # fmt: skip
+        log.info("job %s (%s) cancelled while executing: %s", job.id, job.worker, reason,
+                 extra=_fields(job))  # fmt: skip
 
     def _context(self, job: Job, worker: Worker) -> JobContext:
         return JobContext(
@@ -132,15 +175,38 @@ class JobExecutor:
             async with deadline:
                 if worker.is_async:
                     return await worker.call(job.args)
-                loop = asyncio.get_running_loop()
-                call = contextvars.copy_context().run
-                return await loop.run_in_executor(self.threads, call, worker.call, job.args)
+                if getattr(worker, "isolation", "thread") == "process":
+                    return await self._in_process(worker, ctx, deadline, timeout)
+                return await self._in_thread(worker, job, ctx)
         except TimeoutError as exc:
             if deadline.expired():
                 raise JobTimeoutError(timeout) from exc
             raise
         finally:
             reset_current(token)
+
+    async def _in_process(
+        self, worker: Worker, ctx: JobContext, deadline: asyncio.Timeout, timeout: float
+    ) -> Any:
+        # Starting an interpreter and importing the worker is not the perform's time: the
+        # timeout starts when the child says it is ready, and the start has its own bound.
+        loop = asyncio.get_running_loop()
+        deadline.reschedule(loop.time() + max(timeout, PROCESS_START_TIMEOUT))
+        return await perform_in_process(
+            worker, ctx, ctx._progress_sink,
+            started=lambda: deadline.reschedule(loop.time() + timeout),
+        )  # fmt: skip
+
+    async def _in_thread(self, worker: Worker, job: Job, ctx: JobContext) -> Any:
+        call = contextvars.copy_context().run
+        future = self.threads.submit(call, worker.call, job.args)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            # Timed out or cancelled: ask the perform to stop, and never wait for it again.
+            ctx._request_cancel()
+            _abandon(self.threads, future)
+            raise
 
     def _progress_sink(self, job: Job) -> Callable[[int], None] | None:
         if self.progress is None:
@@ -165,10 +231,14 @@ class JobExecutor:
         meta = {"job": job, "node": self.node}
         if isinstance(outcome, Snooze):
             telemetry.emit("job.snooze", {"duration": duration, "snooze": outcome.seconds}, meta)
+            log.debug("job %s (%s) snoozed for %gs", job.id, job.worker, outcome.seconds,
+                      extra=_fields(job))  # fmt: skip
             state = JobState.SCHEDULED if outcome.seconds > 0 else JobState.AVAILABLE
             return Completion(job, state, delay=outcome.seconds, snooze=True)
         if isinstance(outcome, Cancel):
             telemetry.emit("job.cancel", {"duration": duration}, {**meta, "reason": outcome.reason})
+            log.info("job %s (%s) cancelled by its worker: %s", job.id, job.worker,
+                     outcome.reason, extra=_fields(job))  # fmt: skip
             entry = error_entry(job.attempt, outcome, with_traceback=False)
             return Completion(job, JobState.CANCELLED, error=entry)
         if isinstance(outcome, Discard):
@@ -181,6 +251,8 @@ class JobExecutor:
             {"duration": duration, "queue_time": _queue_time(job)},
             {**meta, "result": outcome},
         )
+        log.debug("job %s (%s) completed in %.3fs", job.id, job.worker, duration,
+                  extra=_fields(job))  # fmt: skip
         return Completion(job, JobState.COMPLETED, result_json=_result_json(outcome, job))
 
     async def _fail(
@@ -193,18 +265,41 @@ class JobExecutor:
             {"duration": duration, "queue_time": _queue_time(job)},
             {"job": job, "node": self.node, "error": error, "kind": kind},
         )
-        if job.attempt >= self._max_attempts(job, worker):
+        max_attempts = self._max_attempts(job, worker)
+        if job.attempt >= max_attempts:
+            self._log_failure(job, error, kind, max_attempts, None)
             return await self._discard(job, worker, entry, duration, error)
-        delay = self._backoff(job, worker, error)
+        delay = await self._backoff(job, worker, error)
+        self._log_failure(job, error, kind, max_attempts, delay)
         return Completion(job, JobState.RETRYABLE, delay=delay, error=entry)
 
-    def _backoff(self, job: Job, worker: Worker | None, error: BaseException) -> float:
+    def _log_failure(
+        self, job: Job, error: BaseException, kind: str, max_attempts: int, delay: float | None
+    ) -> None:
+        """One INFO line per failed attempt; the traceback goes at `traceback_level`."""
+        fields = {**_fields(job), "max_attempts": max_attempts, "kind": kind}
+        what = _describe(error)
+        if delay is None:
+            log.info("job %s (%s) failed attempt %d of %d, no attempts left: %s", job.id,
+                     job.worker, job.attempt, max_attempts, what, extra=fields)  # fmt: skip
+        else:
+            next_at = datetime.now(UTC) + timedelta(seconds=delay)
+            log.info("job %s (%s) failed attempt %d of %d, next attempt in %.1fs at %s: %s",
+                     job.id, job.worker, job.attempt, max_attempts, delay,
+                     next_at.isoformat(timespec="seconds"), what,
+                     extra={**fields, "delay": delay, "next_at": next_at.isoformat()})  # fmt: skip
+        if log.isEnabledFor(self.traceback_level) and kind == "failure":
+            log.log(self.traceback_level, "traceback of job %s (%s), attempt %d", job.id,
+                    job.worker, job.attempt, exc_info=error, extra=fields)  # fmt: skip
+
+    async def _backoff(self, job: Job, worker: Worker | None, error: BaseException) -> float:
         if worker is None:
             return default_backoff(job.attempt)
         try:
-            delay = float(worker.backoff(job.attempt, error))
+            delay = float(await self._callback(job, "backoff", worker.backoff, job.attempt, error))
         except Exception:
-            log.exception("backoff of %s failed; using the default", job.worker)
+            log.exception("backoff of %s failed or timed out for job %s; using the default",
+                          job.worker, job.id, extra=_fields(job))  # fmt: skip
             return default_backoff(job.attempt)
         return max(delay, 0.0)
 
@@ -219,25 +314,57 @@ class JobExecutor:
         telemetry.emit(
             "job.discard", {"duration": duration}, {"job": job, "node": self.node, "error": error}
         )
+        log.info("job %s (%s) discarded after attempt %d: %s", job.id, job.worker, job.attempt,
+                 _describe(error), extra=_fields(job))  # fmt: skip
         if worker is not None:
             # The database stamps `at` on its own copy when the completion is written; give
             # on_discard the final error in the same shape as the recorded ones.
             final = {**entry, "at": datetime.now(UTC).isoformat()}
-            await self._on_discard(job, worker, [*job.errors, final])
+            await self.on_discard(job, worker, [*job.errors, final])
         return Completion(job, JobState.DISCARDED, error=entry)
 
-    async def _on_discard(self, job: Job, worker: Worker, errors: list[dict[str, Any]]) -> None:
+    async def on_discard(self, job: Job, worker: Worker, errors: list[dict[str, Any]]) -> None:
+        """Call the worker's `on_discard` under the callback timeout; a failure is logged."""
         try:
             if worker.on_discard_is_async:
-                await worker.on_discard(job.args, errors)
+                async with asyncio.timeout(self.callback_timeout):
+                    await worker.on_discard(job.args, errors)
             else:
-                loop = asyncio.get_running_loop()
-                await loop.run_in_executor(self.threads, worker.on_discard, job.args, errors)
+                await self._callback(job, "on_discard", worker.on_discard, job.args, errors)
         except Exception:
             log.exception(
-                "on_discard of %s failed for job %s", job.worker, job.id,
-                extra={"job_id": job.id, "worker": job.worker, "queue": job.queue},
+                "on_discard of %s failed or timed out for job %s", job.worker, job.id,
+                extra=_fields(job),
             )  # fmt: skip
+
+    async def _callback(self, job: Job, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on a callback thread; raises TimeoutError after `callback_timeout`."""
+        future = self.callbacks.submit(fn, *args)
+        try:
+            async with asyncio.timeout(self.callback_timeout):
+                return await asyncio.wrap_future(future)
+        except TimeoutError:
+            _abandon(self.callbacks, future)
+            raise TimeoutError(
+                f"{what} of {job.worker} took longer than {self.callback_timeout:g}s"
+            ) from None
+
+
+def _abandon(executor: Executor, future: Future[Any]) -> None:
+    abandon = getattr(executor, "abandon", None)
+    if abandon is not None:
+        abandon(future)
+    else:
+        future.cancel()
+
+
+def _fields(job: Job) -> dict[str, Any]:
+    """The structured fields of every per-job log line (never the args)."""
+    return {"job_id": job.id, "worker": job.worker, "queue": job.queue, "attempt": job.attempt}
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@ the loop keep fresh:
   stamp is younger than `stall_after`, else 503 (the liveness probe restarts a stuck pod);
 - a readiness probe checks, every `probe_interval`, that the database answers and the schema is
   at the latest migration, and caches the verdict; `/readyz` is 200 only when the runner is
-  ready, that verdict is good and the loop is alive;
+  ready, that verdict is good, the loop is alive and the runner has not given up on too many
+  stuck sync threads (`Runner.stuck_reason`, which stays reported after the runner stopped);
 - a depth poller refreshes the queue-depth gauge every `depth_interval`; the job counters
   follow telemetry events (see `shigoto.metrics`).
 """
@@ -200,6 +201,10 @@ class HealthServer:
         }
 
     def readiness_status(self) -> tuple[int, dict[str, Any]]:
+        stuck = getattr(self.runner, "stuck_reason", None)
+        if stuck is not None:
+            return 503, {"status": "not ready", "reason": stuck,
+                         "stuck_threads": self.runner.stuck_threads}  # fmt: skip
         if not self.runner.ready.is_set():
             return 503, {"status": "not ready", "reason": "the runner is not running"}
         code, live = self.liveness()

@@ -4,23 +4,40 @@ A job is stale when it is executing on a node that has not heartbeat for `rescue
 no node row at all) and was claimed longer ago than that too, so a runner that claimed a job a
 moment before registering is never robbed. The attempt stays counted: a job that crashes its
 runner must not be retried forever.
+
+A job discarded here still gets its worker's `on_discard`, exactly once: the rescue marks the row
+`meta.on_discard_pending`, and whichever runner first removes that mark (one guarded UPDATE)
+calls it. The leader tries at once for the workers it can resolve; for the others it notifies
+`shigoto_discard`, and a runner that has the worker takes it. The mark is removed before the
+call, so a runner that dies during the call does not call it again elsewhere (at most once).
+
+Every tick also forgets nodes silent for longer than `rescue_after`, whether or not they left
+jobs behind: a runner killed while idle must not stay listed in `shigoto status` for good.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
+from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from shigoto import _sql, telemetry
 from shigoto._service import Service
+from shigoto.job import JOB_COLUMNS, Job
 from shigoto.worker import DEFAULT_MAX_ATTEMPTS, registered
+
+if TYPE_CHECKING:
+    from shigoto.executor import JobExecutor
 
 log = logging.getLogger("shigoto.rescuer")
 
 RESCUE_BATCH = 1000
+#: NOTIFY channel naming rescued jobs whose `on_discard` is still to be called ("<schema>.<id>").
+DISCARD_CHANNEL = "shigoto_discard"
+PENDING = "on_discard_pending"
 
 _STALE = """
 SELECT j.id, j.worker, j.attempt, j.max_attempts, j.attempted_by
@@ -38,6 +55,8 @@ UPDATE {jobs} AS j
 SET state = u.state,
     scheduled_at = now(),
     finished_at = CASE WHEN u.state = 'discarded' THEN now() END,
+    meta = CASE WHEN u.state = 'discarded'
+                THEN j.meta || jsonb_build_object('on_discard_pending', true) ELSE j.meta END,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempt, 'at', now(), 'traceback', '',
         'error', 'rescued from node ' || j.attempted_by
@@ -49,6 +68,24 @@ RETURNING j.id, j.queue, j.state
 
 _FORGET_NODES = """
 DELETE FROM {nodes} WHERE last_seen_at < now() - make_interval(secs => %(after)s)
+RETURNING id
+"""
+
+_PENDING_WORKERS = """
+SELECT id, worker FROM {jobs}
+WHERE id = ANY(%(ids)s) AND state = 'discarded' AND meta ? 'on_discard_pending'
+"""
+
+# Removing the mark is the claim: of all runners trying, exactly one gets the row back.
+_TAKE_PENDING = f"""
+UPDATE {{jobs}} SET meta = meta - 'on_discard_pending'
+WHERE id = ANY(%(ids)s) AND state = 'discarded' AND meta ? 'on_discard_pending'
+RETURNING {", ".join(JOB_COLUMNS)}
+"""
+
+_NOTIFY_DISCARDS = f"""
+SELECT pg_notify('{DISCARD_CHANNEL}', {{schema_name}} || '.' || id)
+FROM unnest(%(ids)s::bigint[]) AS id
 """
 
 
@@ -73,6 +110,7 @@ class Rescuer(Service):
         is_leader: Callable[[], bool],
         rescue_after: float,
         interval: float,
+        on_discard: Callable[[list[int]], Awaitable[None]] | None = None,
     ) -> None:
         super().__init__(interval)
         self.pool = pool
@@ -80,10 +118,31 @@ class Rescuer(Service):
         self.node = node
         self.is_leader = is_leader
         self.rescue_after = rescue_after
+        self.on_discard = on_discard
 
     async def run_once(self) -> list[dict[str, Any]]:
         if not self.is_leader():
             return []
+        rescued = await self._rescue()
+        await self.forget_nodes()
+        discarded = [r["id"] for r in rescued if r["state"] == "discarded"]
+        if discarded and self.on_discard is not None:
+            await self.on_discard(discarded)
+        return rescued
+
+    async def forget_nodes(self) -> list[str]:
+        """Remove the rows of nodes silent past `rescue_after`: they are dead."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                _sql.compose(_FORGET_NODES, self.schema), {"after": self.rescue_after}
+            )
+            gone = [r[0] for r in await cur.fetchall()]
+        if gone:
+            log.info("forgot dead nodes %s: silent for more than %gs", gone, self.rescue_after,
+                     extra={"nodes": gone})  # fmt: skip
+        return gone
+
+    async def _rescue(self) -> list[dict[str, Any]]:
         params = {"after": self.rescue_after, "limit": RESCUE_BATCH}
         async with self.pool.connection() as conn, conn.transaction():
             cur = await conn.execute(_sql.compose(_STALE, self.schema), params)
@@ -99,11 +158,50 @@ class Rescuer(Service):
             queues = sorted({r["queue"] for r in rescued if r["state"] == "available"})
             if queues:
                 await conn.execute(_sql.statements(self.schema).notify_queues, {"queues": queues})
-            await conn.execute(
-                _sql.compose(_FORGET_NODES, self.schema), {"after": 4 * self.rescue_after}
-            )
         log.warning("rescued %d jobs of dead nodes %s", len(rescued),
                     sorted({r[4] for r in stale}), extra={"job_ids": ids})  # fmt: skip
         telemetry.emit("rescuer.rescue", {"count": len(rescued)},
                        {"node": self.node, "job_ids": ids})  # fmt: skip
         return rescued
+
+
+async def call_pending_discards(
+    pool: AsyncConnectionPool,
+    schema: str,
+    ids: list[int],
+    executor: JobExecutor,
+    *,
+    announce: bool,
+) -> list[int]:
+    """Call `on_discard` for those of `ids` still pending whose worker `executor` resolves.
+
+    With `announce`, pending rows with a worker unknown here are announced on
+    `DISCARD_CHANNEL`, for a runner that has it (a runner answering an announcement does not
+    announce again). Returns the ids whose callback was called here.
+    """
+    async with pool.connection() as conn:
+        cur = await conn.execute(_sql.compose(_PENDING_WORKERS, schema), {"ids": ids})
+        pending = await cur.fetchall()
+    mine, elsewhere = [], []
+    for job_id, worker in pending:
+        (mine if _resolves(executor, worker) else elsewhere).append(job_id)
+    if elsewhere and announce:
+        async with pool.connection() as conn:
+            await conn.execute(_sql.compose(_NOTIFY_DISCARDS, schema), {"ids": elsewhere})
+    if not mine:
+        return []
+    async with pool.connection() as conn:
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(_sql.compose(_TAKE_PENDING, schema), {"ids": mine})
+        taken = [Job.from_row(row) for row in await cur.fetchall()]
+    for job in taken:
+        await executor.on_discard(job, executor.resolve(job.worker), job.errors)
+    return [job.id for job in taken]
+
+
+def _resolves(executor: JobExecutor, worker: str) -> bool:
+    try:
+        executor.resolve(worker)
+    except Exception:
+        return False
+    return True

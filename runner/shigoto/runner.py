@@ -2,6 +2,11 @@
 
 Shutdown has two phases: stop claiming and let in-flight jobs finish within `shutdown_timeout`;
 then cancel what is left and hand those jobs back as available without consuming an attempt.
+
+Sync performs that overran their timeout (or were cancelled) and still hold their thread are
+counted; past `max_stuck_threads` the runner is sick (threads, memory, maybe locks leak): it
+fails `/readyz` with the reason, drains like a SIGTERM, and `run()` raises `StuckThreadsError`,
+so `shigoto run` exits non-zero and its supervisor starts a fresh process.
 """
 
 from __future__ import annotations
@@ -11,7 +16,6 @@ import importlib
 import json
 import logging
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -20,13 +24,13 @@ from psycopg.rows import RowMaker
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
-from shigoto import _sql, config
+from shigoto import _sql, config, rescuer
 from shigoto.completer import Completer
 from shigoto.cron import CronScheduler, Schedule
 from shigoto.cron import store as store_schedules
 from shigoto.elector import Elector
-from shigoto.errors import ConfigurationError, MigrationError
-from shigoto.executor import JobExecutor
+from shigoto.errors import ConfigurationError, Error, MigrationError
+from shigoto.executor import CALLBACK_THREADS, CALLBACK_TIMEOUT, JobExecutor
 from shigoto.job import Job
 from shigoto.limiter import Limiter, scope_key
 from shigoto.migrate import current_version, latest_version, migrate
@@ -37,6 +41,7 @@ from shigoto.pruner import Pruner
 from shigoto.queue_settings import QueueSetting, QueueSettingsWatcher, write_limits
 from shigoto.rescuer import Rescuer
 from shigoto.stager import Stager
+from shigoto.threads import Threads
 from shigoto.worker import lookup, registered
 
 log = logging.getLogger("shigoto.runner")
@@ -56,6 +61,13 @@ async def _configure_connection(conn: psycopg.AsyncConnection[Any]) -> None:
     set_json_loads(_loads_json, conn)
 
 
+class StuckThreadsError(Error):
+    """Too many sync performs outlived their timeout or cancel; the runner drained and stopped.
+
+    A supervisor should start a new process: only that frees the stuck threads.
+    """
+
+
 def _job_rows(_cursor: Any) -> RowMaker[Job]:
     return Job.from_values  # the claim returns JOB_COLUMNS in order
 
@@ -65,6 +77,11 @@ class Runner:
 
     `queues` maps queue name to this process's concurrency for it; default SHIGOTO_QUEUES or
     `default=10`. Extra keyword arguments override `RunnerSettings` fields.
+
+    `max_stuck_threads`: how many threads of timed-out or cancelled sync performs may still be
+    running before the runner drains and stops with `StuckThreadsError` (default: the sum of
+    the queues' concurrency). `callback_timeout`: seconds a worker's `backoff` or `on_discard`
+    may take. `traceback_level`: the log level of failed jobs' tracebacks.
     """
 
     def __init__(
@@ -80,6 +97,9 @@ class Runner:
         cron: bool = False,
         cron_schedules: Iterable[Schedule] = (),
         global_concurrency: Mapping[str, int] | None = None,
+        max_stuck_threads: int | None = None,
+        callback_timeout: float = CALLBACK_TIMEOUT,
+        traceback_level: int = logging.DEBUG,
         **overrides: Any,
     ) -> None:
         self.url = config.database_url(database_url)
@@ -89,6 +109,17 @@ class Runner:
             config.parse_queues(f"{name}={concurrency}")  # same validation as the CLI
         self.imports = list(imports) if imports is not None else config.imports_from_env()
         self.settings = replace(settings or config.RunnerSettings(), **overrides)
+        if max_stuck_threads is not None and max_stuck_threads < 0:
+            raise ConfigurationError(
+                f"max_stuck_threads must be 0 or more, got {max_stuck_threads}"
+            )
+        if callback_timeout <= 0:
+            raise ConfigurationError(f"callback_timeout must be positive, got {callback_timeout}")
+        self.max_stuck_threads = max_stuck_threads
+        self.callback_timeout = callback_timeout
+        self.traceback_level = traceback_level
+        #: Why this runner gave up (too many stuck threads); `/readyz` reports it.
+        self.stuck_reason: str | None = None
         self.node = node_id or new_node_id()
         self.auto_migrate = auto_migrate
         self.cron_schedules = list(cron_schedules)
@@ -103,7 +134,8 @@ class Runner:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._producer_tasks: dict[str, asyncio.Task[None]] = {}
         self._pool: AsyncConnectionPool | None = None
-        self._threads: ThreadPoolExecutor | None = None
+        self._threads: Threads | None = None
+        self._callbacks: Threads | None = None
         self._completer: Completer | None = None
         self._executor: JobExecutor | None = None
         self._progress: dict[int, int] = {}  # newest reported percent not yet written, by job
@@ -137,9 +169,12 @@ class Runner:
         finally:
             await self.limiter.close()
             await pool.close()
-            if self._threads is not None:
-                self._threads.shutdown(wait=False, cancel_futures=True)
+            for threads in (self._threads, self._callbacks):
+                if threads is not None:
+                    threads.shutdown(wait=False, cancel_futures=True)
             self.ready.clear()
+        if self.stuck_reason is not None:
+            raise StuckThreadsError(self.stuck_reason)
 
     async def _check_schema(self, pool: AsyncConnectionPool) -> None:
         async with pool.connection() as conn:
@@ -153,16 +188,20 @@ class Runner:
 
     async def _serve(self, pool: AsyncConnectionPool) -> None:
         s = self.settings
-        threads = s.sync_threads or max(sum(self.queues.values()), 4)
-        self._threads = ThreadPoolExecutor(threads, thread_name_prefix="shigoto-worker")
+        # Sync performs never wait for a thread (see shigoto.threads); callbacks have their own.
+        self._threads = Threads("shigoto-worker")
+        self._callbacks = Threads("shigoto-callback", max_threads=CALLBACK_THREADS)
         self._completer = Completer(pool, self.stmts, self.node)
         self._executor = JobExecutor(
-            node=self.node, resolve=lookup, threads=self._threads, progress=self._report_progress
-        )
+            node=self.node, resolve=lookup, threads=self._threads, progress=self._report_progress,
+            callbacks=self._callbacks, callback_timeout=self.callback_timeout,
+            traceback_level=self.traceback_level,
+        )  # fmt: skip
         heartbeat = Heartbeat(pool, self.stmts, self.node, lambda: dict(self.queues),
                               s.heartbeat_interval)  # fmt: skip
         await heartbeat.run_once()
-        notifier = Notifier(self.url, [_sql.INSERT_CHANNEL, _sql.CANCEL_CHANNEL], self._dispatch)
+        channels = [_sql.INSERT_CHANNEL, _sql.CANCEL_CHANNEL, rescuer.DISCARD_CHANNEL]
+        notifier = Notifier(self.url, channels, self._dispatch)
         self.elector.interval = s.leader_interval
         leader = self._leads
         services: dict[str, Any] = {
@@ -171,7 +210,8 @@ class Runner:
                              prune_after=s.prune_after, archive_retention=s.archive_retention,
                              is_leader=leader),
             "rescuer": Rescuer(pool, self.schema, self.node, is_leader=leader,
-                               rescue_after=s.effective_rescue_after, interval=s.rescue_interval),
+                               rescue_after=s.effective_rescue_after, interval=s.rescue_interval,
+                               on_discard=self._pending_discards),
             "heartbeat": heartbeat,
             "queue-settings": QueueSettingsWatcher(
                 pool, self.schema, lambda: list(self.producers), self._apply_settings,
@@ -367,7 +407,38 @@ class Runner:
         assert self._executor is not None and self._completer is not None
         # The completion carries the last reported progress itself, so no progress write that
         # is still on its way needs waiting for (one landing late is refused by its guard).
-        self._completer.submit(await self._executor.execute(job))
+        try:
+            self._completer.submit(await self._executor.execute(job))
+        finally:
+            self._check_stuck()
+
+    @property
+    def stuck_threads(self) -> int:
+        """Threads of timed-out or cancelled sync performs that are still running."""
+        return self._threads.stuck if self._threads is not None else 0
+
+    def _check_stuck(self) -> None:
+        """Past the bound of stuck threads, stop like a SIGTERM would, then fail `run()`."""
+        bound = self.max_stuck_threads
+        if bound is None:
+            bound = sum(self.queues.values())
+        stuck = self.stuck_threads
+        if stuck <= bound or self._stop.is_set():
+            return  # a shutdown abandons threads too: it is already stopping
+        self.stuck_reason = (
+            f"{stuck} sync performs outlived their timeout or cancel and still hold their "
+            f"threads (limit {bound}): draining and exiting so a new process takes over"
+        )
+        log.error("runner %s: %s", self.node, self.stuck_reason,
+                  extra={"node": self.node, "stuck_threads": stuck, "limit": bound})  # fmt: skip
+        self._stop.set()
+
+    async def _pending_discards(self, ids: list[int], *, announce: bool = True) -> None:
+        """Call `on_discard` for rescued jobs whose worker this process can resolve."""
+        assert self._pool is not None and self._executor is not None
+        await rescuer.call_pending_discards(
+            self._pool, self.schema, ids, self._executor, announce=announce
+        )
 
     def _report_progress(self, job: Job, percent: int) -> None:
         # One writer per job, always sending the newest value: reports land in order and a
@@ -408,10 +479,31 @@ class Runner:
                 job_id = int(rest)
             except ValueError:
                 return
-            for producer in self.producers.values():
-                if producer.cancel_job(job_id):
-                    log.info("cancelled executing job %s on request", job_id)
+            self._cancel_executing(job_id)
+        elif channel == rescuer.DISCARD_CHANNEL:
+            try:
+                job_id = int(rest)
+            except ValueError:
+                return
+            task = asyncio.ensure_future(self._pending_discards([job_id], announce=False))
+            task.add_done_callback(_log_failed_discard)
+
+    def _cancel_executing(self, job_id: int) -> None:
+        """An operator cancelled `job_id` (its row is cancelled already): stop it if it runs
+        here, as a cancel outcome with its telemetry event."""
+        for producer in self.producers.values():
+            if job_id not in producer.running:
+                continue
+            assert self._executor is not None
+            self._executor.request_cancel(job_id, "cancelled by operator")
+            producer.cancel_job(job_id)
+            return
 
     @property
     def executing_count(self) -> int:
         return sum(len(p.running) for p in self.producers.values())
+
+
+def _log_failed_discard(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("could not run on_discard of a rescued job: %s", task.exception())

@@ -181,9 +181,7 @@ class Database:
         latest = latest_version()
         try:
             async with self.pool.connection(timeout=QUERY_TIMEOUT) as conn:
-                version = await asyncio.wait_for(
-                    current_version(conn, self.schema), QUERY_TIMEOUT
-                )
+                version = await asyncio.wait_for(current_version(conn, self.schema), QUERY_TIMEOUT)
         except (psycopg.Error, OSError, TimeoutError) as exc:
             detail = str(exc).strip() or type(exc).__name__
             return SchemaCheck(("DatabaseUnreachable", f"{self.name}: {detail}"))

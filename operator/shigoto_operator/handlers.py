@@ -157,11 +157,18 @@ async def cron_changed(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.delete(*CRON_SCHEDULES)
-async def cron_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def cron_deleted(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
     if memo.get("daemon_running"):
         # a pass in flight could write the row again right after it is removed
         raise kopf.TemporaryError("waiting for the CronSchedule's reconciler to stop", delay=1)
     try:
-        await reconcile.delete_cron(body, memo.get("cron_memory"), memo.databases, _emitter(body))
+        await reconcile.delete_cron(
+            body,
+            memo.get("cron_memory"),
+            memo.databases,
+            _emitter(body),
+            attempt=retry,
+            delay=memo.config.retry_interval,
+        )
     except reconcile.Retry as exc:
         raise kopf.TemporaryError(str(exc), delay=exc.delay) from exc

@@ -14,7 +14,9 @@ Why the official client, and why this way:
   `/apis/apps/v1/namespaces/<ns>/deployments` is the same one AppsV1Api uses.
 - Patches are JSON merge patches (RFC 7386): `builders` computes them against the live object,
   so lists are replaced whole and removed fields are nulled; no strategic-merge surprises.
-- The client is synchronous; every call runs in a worker thread (`asyncio.to_thread`) with a
+- The client is synchronous; every call runs in a thread of this module's own executor (not
+  asyncio's default one, which database work also uses, so a stuck database can never starve
+  API calls of threads) with a
   request timeout, so a slow API server never blocks kopf's event loop.
 
 Configuration: in-cluster service account, else kubeconfig (as kopf does), loaded on first use;
@@ -27,10 +29,13 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import functools
 import json
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import client, config
 
@@ -248,31 +253,41 @@ def _secret_value(namespace: str, name: str, key: str) -> str:
 
 # --- the async surface -------------------------------------------------------------------------
 
+#: Threads for API calls only. Eight: the daemons of many objects may call at once, and the
+#: client's connection pool (urllib3) holds about that many connections to the API server.
+_executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="shigoto-k8s")
+
+R = TypeVar("R")
+
+
+async def _in_thread(fn: Callable[..., R], *args: Any) -> R:
+    return await asyncio.get_running_loop().run_in_executor(_executor, functools.partial(fn, *args))
+
 
 async def get(r: Resource, namespace: str, name: str) -> dict[str, Any] | None:
     """The object, or None if it (or its kind) does not exist."""
-    return await asyncio.to_thread(_get, r, namespace, name)
+    return await _in_thread(_get, r, namespace, name)
 
 
 async def create(r: Resource, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-    return await asyncio.to_thread(_create, r, namespace, body)
+    return await _in_thread(_create, r, namespace, body)
 
 
 async def patch(r: Resource, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
     """A JSON merge patch; returns the patched object."""
-    return await asyncio.to_thread(_patch, r, namespace, name, body)
+    return await _in_thread(_patch, r, namespace, name, body)
 
 
 async def patch_status(r: Resource, namespace: str, name: str, status: dict[str, Any]) -> None:
     """Merge-patch the status subresource (a vanished object is not an error)."""
-    await asyncio.to_thread(_patch_status, r, namespace, name, status)
+    await _in_thread(_patch_status, r, namespace, name, status)
 
 
 async def delete(r: Resource, namespace: str, name: str) -> bool:
     """Delete; False if there was nothing to delete."""
-    return await asyncio.to_thread(_delete, r, namespace, name)
+    return await _in_thread(_delete, r, namespace, name)
 
 
 async def secret_value(namespace: str, name: str, key: str) -> str:
     """The text under `key` of a Secret; raises `SecretError` saying what is wrong."""
-    return await asyncio.to_thread(_secret_value, namespace, name, key)
+    return await _in_thread(_secret_value, namespace, name, key)

@@ -30,7 +30,7 @@ from shigoto.errors import ValidationError
 from shigoto_operator import builders, k8s, policy
 from shigoto_operator.config import OperatorConfig
 from shigoto_operator.databases import Database, Databases, describe
-from shigoto_operator.dbcounts import CountsUnavailable, Reading
+from shigoto_operator.dbcounts import QUERY_TIMEOUT, CountsUnavailable, Reading
 from shigoto_operator.spec import (
     CronScheduleSpec,
     DatabaseRef,
@@ -173,13 +173,13 @@ async def _open_database(
 
 async def _read_database(
     spec: QueueSpec, databases: Databases, user: str, emit: Emit
-) -> tuple[Reading | None, Problem | None, str | None]:
-    """(reading, problem, url): the Secret, the schema, then the counts from the cache."""
-    db, url, problem = await _open_database(
+) -> tuple[Reading | None, Problem | None, Database | None]:
+    """(reading, problem, database): the Secret, the schema, then the counts from the cache."""
+    db, _, problem = await _open_database(
         spec.namespace, spec.database, databases, user, emit, queue=spec.queue_name
     )
     if db is None or problem is not None:
-        return None, problem, url
+        return None, problem, db
     try:
         reading = await db.counts.get(
             spec.queue_name, max_age=spec.autoscaling.poll_interval_seconds / 2
@@ -188,29 +188,33 @@ async def _read_database(
         if exc.reason in SCHEMA_REASONS:
             db.schema_current = False  # the tables went away: migrate (or check) again
         problem = Problem(exc.reason, f"{db.name}: {exc}", reachable=exc.reason in SCHEMA_REASONS)
-        return None, problem, url
-    return reading, None, url
+        return None, problem, db
+    return reading, None, db
 
 
 async def _apply_settings(
-    spec: QueueSpec, url: str, reading: Reading, emit: Emit
+    spec: QueueSpec, db: Database, reading: Reading, emit: Emit
 ) -> Problem | None:
     """Make the queue's shared settings (paused, global limit) in the database say what the
-    spec says; running runners pick a change up within seconds."""
+    spec says; running runners pick a change up within seconds. Written through the
+    database's own pool, which goes when the last object using the database does."""
     wanted = (spec.paused, spec.global_concurrency)
     if reading.paused is not None and (reading.paused, reading.global_concurrency) == wanted:
         return None
     try:
-        await asyncio.to_thread(
-            queue_settings.set_queue,
-            spec.queue_name,
-            paused=spec.paused,
-            global_concurrency=spec.global_concurrency,
-            database_url=url,
-            schema=spec.database.schema,
-        )
+        async with db.pool.connection(timeout=QUERY_TIMEOUT) as conn:
+            await asyncio.wait_for(
+                queue_settings.write_settings(
+                    conn,
+                    spec.database.schema,
+                    spec.queue_name,
+                    paused=spec.paused,
+                    global_concurrency=spec.global_concurrency,
+                ),
+                QUERY_TIMEOUT,
+            )
     except _DB_ERRORS as exc:
-        return Problem("DatabaseUnreachable", f"{describe(url)}: writing queue settings: {exc}")
+        return Problem("DatabaseUnreachable", f"{db.name}: writing queue settings: {exc}")
     limit = spec.global_concurrency if spec.global_concurrency is not None else "none"
     emit(
         "Normal",
@@ -315,9 +319,9 @@ async def queue_pass(
         )
         return config.retry_interval
 
-    reading, problem, url = await _read_database(spec, databases, queue_user(namespace, name), emit)
-    if reading is not None and url is not None:
-        problem = await _apply_settings(spec, url, reading, emit)
+    reading, problem, db = await _read_database(spec, databases, queue_user(namespace, name), emit)
+    if reading is not None and db is not None:
+        problem = await _apply_settings(spec, db, reading, emit)
 
     keda = spec.autoscaling.mode == "keda"
     live = await k8s.get(k8s.DEPLOYMENTS, namespace, builders.runner_name(name))
@@ -471,28 +475,20 @@ def _row_matches(row: Mapping[str, Any], s: cron.Schedule) -> bool:
     )
 
 
-def _store(s: cron.Schedule, url: str, schema: str) -> dict[str, Any]:
-    return cron.schedule(
-        s.name,
-        s.expression,
-        s.worker,
-        s.args,
-        database_url=url,
-        schema=schema,
-        timezone=s.timezone,
-        queue=s.queue,
-        priority=s.priority,
-        max_attempts=s.max_attempts,
-        tags=list(s.tags) or None,
-        enabled=s.enabled,
-        catch_up=s.catch_up,
-        catch_up_limit=s.catch_up_limit,
-    )
+async def _store(db: Database, s: cron.Schedule) -> dict[str, Any]:
+    async with db.pool.connection(timeout=QUERY_TIMEOUT) as conn:
+        return await asyncio.wait_for(cron.astore_one(conn, s, db.schema), QUERY_TIMEOUT)
 
 
 async def _unschedule(target: tuple[str, str, str]) -> bool:
+    """Delete a row through a short-lived connection: the database may no longer be one the
+    operator keeps a pool for (the object moved, or is being deleted)."""
     url, schema, row_name = target
-    return await asyncio.to_thread(cron.unschedule, row_name, database_url=url, schema=schema)
+    conn = await psycopg.AsyncConnection.connect(
+        url, autocommit=True, connect_timeout=int(QUERY_TIMEOUT)
+    )
+    async with conn:
+        return await asyncio.wait_for(cron.aunschedule(conn, row_name, schema), QUERY_TIMEOUT)
 
 
 async def cron_pass(
@@ -541,7 +537,7 @@ async def cron_pass(
             memory.target = None
         row = await db.cron_row(spec.row_name)
         if row is None or not _row_matches(row, schedule):
-            row = await asyncio.to_thread(_store, schedule, url, ref.schema)
+            row = await _store(db, schedule)
             emit(
                 "Normal",
                 "Scheduled",
@@ -561,15 +557,26 @@ async def cron_pass(
     )
 
 
+#: Attempts to remove a CronSchedule's row from an unreachable database before its object is
+#: let go with a Warning: a namespace being deleted must not hang in Terminating forever.
+DELETE_ATTEMPTS = 5
+
+
 async def delete_cron(
-    body: Mapping[str, Any], memory: CronMemory | None, databases: Databases, emit: Emit
+    body: Mapping[str, Any],
+    memory: CronMemory | None,
+    databases: Databases,
+    emit: Emit,
+    *,
+    attempt: int = 0,
+    delay: float = 10.0,
 ) -> None:
     """Remove the CronSchedule's row, so it never outlives its object.
 
     The row is found through the Secret; if the Secret is gone too (a namespace being
     deleted), through where this operator last wrote it. With neither, nothing can be found:
     a Warning says so and the object is let go rather than blocked forever. An unreachable
-    database is retried (`Retry`) until the row is gone.
+    database is retried (`Retry`) up to `DELETE_ATTEMPTS` times, then let go with a Warning.
     """
     namespace, name, _ = _meta(body)
     targets: list[tuple[str, str, str]] = []
@@ -599,9 +606,16 @@ async def delete_cron(
         try:
             removed = await _unschedule(target)
         except _DB_ERRORS as exc:
-            raise Retry(
-                f"cannot remove cron row {target[2]} from {describe(target[0])}: {exc}"
-            ) from exc
+            problem = f"cannot remove cron row {target[2]} from {describe(target[0])}: {exc}"
+            if attempt + 1 < DELETE_ATTEMPTS:
+                raise Retry(problem, delay) from exc
+            emit(
+                "Warning",
+                "RowNotRemoved",
+                f"{problem}; gave up after {DELETE_ATTEMPTS} attempts so the object can go. "
+                f"Remove the row later with shigoto.cron.unschedule({target[2]!r})",
+            )
+            continue
         if removed:
             emit("Normal", "Unscheduled", f"removed cron row {target[2]}")
     await databases.release(cron_user(namespace, name))

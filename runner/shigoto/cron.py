@@ -168,6 +168,27 @@ def schedule(
         return write(c)
 
 
+async def astore_one(
+    conn: psycopg.AsyncConnection[Any], s: Schedule, schema: str
+) -> dict[str, Any]:
+    """Upsert one validated schedule on the caller's connection; returns its stored row.
+
+    The async twin the operator uses with its own per-database pool: no sync pool is cached
+    per URL behind its back, and nothing blocks a thread."""
+    now = (await (await conn.execute("SELECT now()")).fetchone())[0]  # type: ignore[index]
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(_stmt(_UPSERT, schema), _upsert_params(s, now))
+    row = await cur.fetchone()
+    assert row is not None
+    return row
+
+
+async def aunschedule(conn: psycopg.AsyncConnection[Any], name: str, schema: str) -> bool:
+    """Delete the cron entry `name` on the caller's connection; True if it existed."""
+    cur = await conn.execute(_stmt(_DELETE, schema), {"name": name})
+    return await cur.fetchone() is not None
+
+
 def store(
     entries: list[Schedule], *, database_url: str | None = None, schema: str | None = None
 ) -> None:
@@ -209,6 +230,8 @@ def load_file(path: str) -> list[Schedule]:
         if not isinstance(entry, dict):
             raise ValidationError(f"--cron[{i}]", "must be an object")
         entry = dict(entry)
+        if "timeZone" in entry:  # the CronSchedule resource's spelling
+            entry.setdefault("timezone", entry.pop("timeZone"))
         try:
             out.append(build_schedule(
                 entry.pop("name", ""), entry.pop("schedule", entry.pop("expression", "")),

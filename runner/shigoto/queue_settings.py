@@ -55,6 +55,20 @@ async def write_limits(
         await conn.execute(_stmt(_SET_LIMIT, schema), {"name": name, "limit": limit})
 
 
+async def write_settings(
+    conn: psycopg.AsyncConnection,
+    schema: str,
+    name: str,
+    *,
+    paused: bool,
+    global_concurrency: int | None,
+) -> None:
+    """Store both shared settings of `name` on the caller's connection (the operator's
+    per-database pool), as `set_queue` does through the client's pool."""
+    await conn.execute(_stmt(_SET_LIMIT, schema), {"name": name, "limit": global_concurrency})
+    await conn.execute(_stmt(_SET_PAUSED, schema), {"name": name, "paused": paused})
+
+
 def set_queue(
     name: str,
     *,

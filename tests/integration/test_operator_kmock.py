@@ -21,6 +21,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import shigoto
+from shigoto import database
 from shigoto_operator import k8s
 from shigoto_operator.config import OperatorConfig
 from shigoto_operator.databases import Databases
@@ -618,3 +619,71 @@ async def test_migration_uses_the_migration_secret_and_reports_failures(
             c.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
         with psycopg.connect(server_url, autocommit=True) as c:
             c.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+async def test_operator_keeps_no_client_pool_per_url(
+    kmock: Any, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Settings, cron rows and their removal all go through the operator's own
+    per-database pool (closed with the last object using it) or a short-lived connection:
+    the client's cached sync pools, one per URL and never closed, are never touched."""
+
+    def no_sync_pool(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the operator used shigoto.database.sync_pool")
+
+    monkeypatch.setattr(database, "sync_pool", no_sync_pool)
+    async with running_operator(kmock) as cluster:
+        cluster.add_secret("pg", {"url": db_url})
+        await cluster.create(k8s.QUEUES, QUEUE, "set", queue_spec(paused=True, globalConcurrency=3))
+        await cluster.create(
+            k8s.CRON_SCHEDULES,
+            CRON,
+            "rows",
+            {
+                "schedule": "0 3 * * *",
+                "worker": "shop.workers.report",
+                "database": {"secretRef": {"name": "pg"}},
+            },
+        )
+        await eventually(lambda: _ready(cluster, k8s.QUEUES, "set"), message="Queue Ready")
+        await eventually(lambda: _ready(cluster, k8s.CRON_SCHEDULES, "rows"), message="cron")
+        await cluster.delete(k8s.CRON_SCHEDULES, "rows")
+        await eventually(
+            lambda: _absent(cluster.get(k8s.CRON_SCHEDULES, "rows")), message="cron deleted"
+        )
+    with psycopg.connect(db_url, autocommit=True) as c:
+        assert c.execute(
+            "SELECT paused, global_concurrency FROM shigoto_queues WHERE name = 'mail'"
+        ).fetchone() == (True, 3)
+        assert c.execute("SELECT count(*) FROM shigoto_cron").fetchone() == (0,)
+
+
+async def test_a_cron_row_in_a_vanished_database_does_not_block_deletion_forever(
+    kmock: Any, server_url: str, empty_db_url: str
+) -> None:
+    """The database is dropped under a CronSchedule: deleting the object retries a bounded
+    number of times, then lets it go with a Warning saying what to clean up."""
+    async with running_operator(kmock) as cluster:
+        cluster.add_secret("pg", {"url": empty_db_url})
+        await cluster.create(
+            k8s.CRON_SCHEDULES,
+            CRON,
+            "orphan",
+            {
+                "schedule": "0 3 * * *",
+                "worker": "shop.workers.report",
+                "database": {"secretRef": {"name": "pg"}},
+            },
+        )
+        await eventually(lambda: _ready(cluster, k8s.CRON_SCHEDULES, "orphan"), message="cron")
+        dbname = conninfo_to_dict(empty_db_url)["dbname"]
+        database.close_pools()
+        with psycopg.connect(server_url, autocommit=True) as c:
+            c.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(dbname)))
+        await cluster.delete(k8s.CRON_SCHEDULES, "orphan")
+        await eventually(
+            lambda: _absent(cluster.get(k8s.CRON_SCHEDULES, "orphan")),
+            timeout=60,
+            message="object let go after bounded retries",
+        )
+        assert "RowNotRemoved" in cluster.event_reasons()

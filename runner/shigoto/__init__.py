@@ -18,7 +18,8 @@ from shigoto.errors import (
 )
 from shigoto.job import Job, JobState
 from shigoto.migrate import migrate
-from shigoto.operations import cancel_by, health, retry_by, status
+from shigoto.operations import cancel_by, health, prune, retry_by, status
+from shigoto.queue_settings import pause_queue, resume_queue, set_queue
 from shigoto.runner import Runner
 from shigoto.testing import adrain_queue, drain_queue
 from shigoto.worker import Worker, worker
@@ -51,7 +52,11 @@ __all__ = [
     "enqueue_many",
     "health",
     "migrate",
+    "pause_queue",
+    "prune",
+    "resume_queue",
     "retry_by",
+    "set_queue",
     "status",
     "worker",
 ]

@@ -1,147 +1,273 @@
 """The `shigoto` command: a thin shell over the Python API.
 
-Every flag has an env var (shown in --help); flags win. Local commands fall back to the
-embedded PostgreSQL when no SHIGOTO_DATABASE_URL is set.
+Every flag has an env var (shown in --help); flags win. Env vars are read after parsing, so a
+malformed one is a one-line error naming it, and never breaks `--help`. Local commands fall
+back to the embedded PostgreSQL when no SHIGOTO_DATABASE_URL is set.
+
+Every failure the user can fix ends as `shigoto COMMAND: what and how to fix` on stderr with
+exit status 2, never a traceback; database messages are shown with passwords redacted.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import psycopg
 
 from shigoto import config, embedded, logs
-from shigoto.errors import Error
+from shigoto.errors import ConfigurationError, Error, ValidationError
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+DEFAULT_HEALTH_HOST = "0.0.0.0"
 
 
-def _env(name: str, default: Any = None) -> Any:
-    return os.environ.get(name, default)
+# -- values from flags and env vars ---------------------------------------------------------
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _age(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be zero or more seconds, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 65535, got {value}")
+    return value
+
+
+def _log_level(text: str) -> str:
+    if text.lower() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"must be one of {', '.join(LOG_LEVELS)}, got {text!r}"
+        )
+    return text.lower()
+
+
+def _log_format(text: str) -> str:
+    if text not in ("text", "json"):
+        raise argparse.ArgumentTypeError(f"must be text or json, got {text!r}")
+    return text
+
+
+def _flag(text: str) -> bool:
+    return text.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+#: Settings that come from a flag or, when the flag is absent, from an env var, else a default.
+_FROM_ENV: dict[str, tuple[str, Callable[[str], Any], Any]] = {
+    "log_level": ("SHIGOTO_LOG_LEVEL", _log_level, "info"),
+    "log_format": ("SHIGOTO_LOG_FORMAT", _log_format, "text"),
+    "poll_interval": ("SHIGOTO_POLL_INTERVAL", _seconds, 1.0),
+    "shutdown_timeout": ("SHIGOTO_SHUTDOWN_TIMEOUT", _seconds, 15.0),
+    "heartbeat_interval": ("SHIGOTO_HEARTBEAT_INTERVAL", _seconds, 30.0),
+    "rescue_after": ("SHIGOTO_RESCUE_AFTER", _seconds, None),
+    "health_port": ("SHIGOTO_HEALTH_PORT", _port, None),
+    "health_host": ("SHIGOTO_HEALTH_HOST", str, DEFAULT_HEALTH_HOST),
+    "prune_after": ("SHIGOTO_PRUNE_AFTER", _age, None),
+    "archive_retention": ("SHIGOTO_ARCHIVE_RETENTION", _age, None),
+    "no_migrate": ("SHIGOTO_NO_MIGRATE", _flag, False),
+}
+
+
+def _resolve_env(args: argparse.Namespace) -> None:
+    for dest, (env, convert, default) in _FROM_ENV.items():
+        if dest not in vars(args) or getattr(args, dest) is not None:
+            continue  # not this command's setting, or given as a flag
+        raw = os.environ.get(env, "")
+        if not raw.strip():
+            setattr(args, dest, default)
+            continue
+        try:
+            setattr(args, dest, convert(raw))
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigurationError(f"{env}: {exc}") from None
+
+
+def _env_help(env: str, text: str = "") -> str:
+    return f"{text} [{env}]".strip()
+
+
+# -- database URL, redaction ----------------------------------------------------------------
+
+_URL_PASSWORD = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@")
+_KEYWORD_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def redact(text: str, url: str | None = None) -> str:
+    """`text` with any password in it (URL form, keyword form, or `url`'s own) masked."""
+    text = _URL_PASSWORD.sub(r"\1***@", text)
+    text = _KEYWORD_PASSWORD.sub(r"\1***", text)
+    if url:
+        with contextlib.suppress(psycopg.Error):
+            from psycopg.conninfo import conninfo_to_dict
+
+            password = conninfo_to_dict(url).get("password")
+            if password and len(str(password)) >= 4:
+                text = text.replace(str(password), "***")
+    return text
 
 
 def _database_url(args: argparse.Namespace) -> str:
     if args.database_url:
-        return args.database_url
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            conninfo_to_dict(args.database_url)
+        except psycopg.ProgrammingError as exc:
+            raise ConfigurationError(
+                f"--database-url / {config.ENV_DATABASE_URL} is not a libpq URL or conninfo "
+                f"string ({redact(str(exc).strip(), args.database_url)}); "
+                "e.g. postgresql://user@host:5432/dbname"
+            ) from None
+        return str(args.database_url)
     from shigoto.migrate import migrate
 
     url = embedded.start()
-    print("no SHIGOTO_DATABASE_URL set: using the embedded PostgreSQL in .shigoto/",
-          file=sys.stderr)  # fmt: skip
+    print(f"no {config.ENV_DATABASE_URL} set: using the embedded PostgreSQL at {url} "
+          "(data in .shigoto/; `shigoto embedded url` prints it)", file=sys.stderr)  # fmt: skip
     os.environ[config.ENV_DATABASE_URL] = url
+    args.database_url = url
     migrate(url, schema=args.schema)  # a private dev database: keep it current for the user
     return url
+
+
+#: Python field names as the CLI spells them, so an error names the flag to fix.
+_FLAGS = {
+    "ids": "--id", "queue": "--queue", "worker": "--worker", "tag": "--tag", "state": "--state",
+    "args": "--args", "priority": "--priority", "max_attempts": "--max-attempts",
+    "schedule_in": "--schedule-in", "tags": "--tag", "prune_after": "--prune-after",
+    "archive_retention": "--archive-retention",
+}  # fmt: skip
+
+
+@contextlib.contextmanager
+def _flags_in_errors() -> Iterator[None]:
+    try:
+        yield
+    except ValidationError as exc:
+        if exc.field == "filter":
+            raise ValidationError(
+                "filters", "give at least one of --id, --queue, --worker, --tag, --state (to act "
+                "on every job of a state, pass --state explicitly)",
+            ) from None  # fmt: skip
+        raise ValidationError(_FLAGS.get(exc.field, exc.field), exc.message) from None
+
+
+# -- the parser -----------------------------------------------------------------------------
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--database-url",
-        default=_env(config.ENV_DATABASE_URL),
+        default=os.environ.get(config.ENV_DATABASE_URL),
         help="libpq URL [SHIGOTO_DATABASE_URL]; default: embedded PostgreSQL",
     )
-    p.add_argument("--schema", default=_env(config.ENV_SCHEMA, config.DEFAULT_SCHEMA),
+    p.add_argument("--schema", default=os.environ.get(config.ENV_SCHEMA, config.DEFAULT_SCHEMA),
                    help="schema of the tables [SHIGOTO_SCHEMA] (default: public)")  # fmt: skip
 
 
 def _filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--id", type=int, action="append", dest="ids", help="job id (repeatable)")
     p.add_argument("--queue")
-    p.add_argument("--worker")
+    p.add_argument("--worker", help="full name, or its last part (send_welcome)")
     p.add_argument("--tag")
     p.add_argument("--state")
+    p.add_argument("--dry-run", action="store_true", help="list the ids, change nothing")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("shigoto")
+    except PackageNotFoundError:
+        from shigoto import __version__
+
+        return __version__
+
+
+def _add_run(sub: Any) -> None:
+    p = sub.add_parser("run", help="claim and execute jobs until SIGTERM/SIGINT")
+    _common(p)
+    p.add_argument("--queue", action="append", dest="queues",
+                   help="NAME=CONCURRENCY, repeatable [SHIGOTO_QUEUES] (default: default=10)")
+    p.add_argument("--import", action="append", dest="imports",
+                   help="module defining workers, repeatable [SHIGOTO_IMPORT]; the current "
+                   "directory is on the import path")
+    p.add_argument("--health-port", type=_port, help=_env_help(
+        "SHIGOTO_HEALTH_PORT", "serve /healthz, /readyz, /metrics on this port (0: any free)"))
+    p.add_argument("--health-host", help=_env_help(
+        "SHIGOTO_HEALTH_HOST", f"address the health server listens on (default "
+        f"{DEFAULT_HEALTH_HOST}; 127.0.0.1 for this machine only)"))
+    p.add_argument("--poll-interval", type=_seconds,
+                   help=_env_help("SHIGOTO_POLL_INTERVAL", "(default 1)"))
+    p.add_argument("--shutdown-timeout", type=_seconds, help=_env_help(
+        "SHIGOTO_SHUTDOWN_TIMEOUT", "seconds in-flight jobs get on SIGTERM (default 15)"))
+    p.add_argument("--no-migrate", action="store_true", default=None,
+                   help=_env_help("SHIGOTO_NO_MIGRATE", "do not apply migrations at start"))
+    p.add_argument("--global-concurrency", action="append", metavar="NAME=N",
+                   help="at most N jobs of queue NAME execute across all runners; stored in the "
+                   "database for every runner, repeatable [SHIGOTO_GLOBAL_CONCURRENCY]")
+    p.add_argument("--heartbeat-interval", type=_seconds, help=_env_help(
+        "SHIGOTO_HEARTBEAT_INTERVAL", "seconds between node heartbeats (default 30)"))
+    p.add_argument("--rescue-after", type=_seconds, help=_env_help(
+        "SHIGOTO_RESCUE_AFTER",
+        "seconds of silence after which a node's jobs are rescued (default 2 x heartbeat + 30)"))
+    _retention(p)
+    p.add_argument("--cron", nargs="?", const="", default=os.environ.get("SHIGOTO_CRON"),
+                   metavar="FILE", help="run the cron scheduler here (leader-elected); FILE, a "
+                   "JSON list of schedules, is stored first [SHIGOTO_CRON]")  # fmt: skip
+
+
+def _retention(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prune-after", type=_age, metavar="SECONDS", help=_env_help(
+        "SHIGOTO_PRUNE_AFTER", "finished jobs move to the archive this long after finishing "
+        "(default 14 days)"))
+    p.add_argument("--archive-retention", type=_age, metavar="SECONDS", help=_env_help(
+        "SHIGOTO_ARCHIVE_RETENTION", "archived jobs are deleted after this long (default 30 days)"))
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shigoto", description="PostgreSQL job queue")
-    parser.add_argument(
-        "--log-level",
-        default=_env("SHIGOTO_LOG_LEVEL", "info"),
-        help="[SHIGOTO_LOG_LEVEL] debug, info, warning, error",
-    )
-    parser.add_argument(
-        "--log-format",
-        choices=["text", "json"],
-        default=_env("SHIGOTO_LOG_FORMAT", "text"),
-        help="[SHIGOTO_LOG_FORMAT]",
-    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--log-level", type=_log_level,
+                        help=_env_help("SHIGOTO_LOG_LEVEL", ", ".join(LOG_LEVELS)))
+    parser.add_argument("--log-format", type=_log_format,
+                        help=_env_help("SHIGOTO_LOG_FORMAT", "text or json"))
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("migrate", help="apply pending migrations (idempotent, concurrency-safe)")
     _common(p)
-
-    p = sub.add_parser("run", help="claim and execute jobs until SIGTERM/SIGINT")
-    _common(p)
-    p.add_argument(
-        "--queue",
-        action="append",
-        dest="queues",
-        help="NAME=CONCURRENCY, repeatable [SHIGOTO_QUEUES] (default: default=10)",
-    )
-    p.add_argument(
-        "--import",
-        action="append",
-        dest="imports",
-        help="module defining workers, repeatable [SHIGOTO_IMPORT]",
-    )
-    p.add_argument(
-        "--health-port",
-        type=int,
-        default=_env("SHIGOTO_HEALTH_PORT"),
-        help="serve /healthz, /readyz, /metrics on this port [SHIGOTO_HEALTH_PORT]",
-    )
-    p.add_argument(
-        "--poll-interval",
-        type=float,
-        default=float(_env("SHIGOTO_POLL_INTERVAL", 1.0)),
-        help="[SHIGOTO_POLL_INTERVAL]",
-    )
-    p.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=float(_env("SHIGOTO_SHUTDOWN_TIMEOUT", 15.0)),
-        help="seconds in-flight jobs get on SIGTERM [SHIGOTO_SHUTDOWN_TIMEOUT]",
-    )
-    p.add_argument(
-        "--no-migrate",
-        action="store_true",
-        default=_env("SHIGOTO_NO_MIGRATE", "") not in ("", "0", "false"),
-        help="do not apply migrations at start [SHIGOTO_NO_MIGRATE]",
-    )
-    p.add_argument(
-        "--global-concurrency",
-        action="append",
-        metavar="NAME=N",
-        help="at most N jobs of queue NAME execute across all runners; stored in the database "
-        "for every runner, repeatable [SHIGOTO_GLOBAL_CONCURRENCY]",
-    )
-    p.add_argument(
-        "--heartbeat-interval",
-        type=float,
-        default=float(_env("SHIGOTO_HEARTBEAT_INTERVAL", 30.0)),
-        help="seconds between node heartbeats [SHIGOTO_HEARTBEAT_INTERVAL]",
-    )
-    p.add_argument(
-        "--rescue-after",
-        type=float,
-        default=_env("SHIGOTO_RESCUE_AFTER"),
-        help="seconds of silence after which a node's jobs are rescued "
-        "(default 2 x heartbeat + 30) [SHIGOTO_RESCUE_AFTER]",
-    )
-    p.add_argument(
-        "--cron",
-        nargs="?",
-        const="",
-        default=_env("SHIGOTO_CRON"),
-        metavar="FILE",
-        help="run the cron scheduler here (leader-elected); FILE, a JSON list of schedules, "
-        "is stored first [SHIGOTO_CRON]",
-    )
+    _add_run(sub)
 
     p = sub.add_parser("enqueue", help="enqueue one job by worker name")
     _common(p)
@@ -153,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule-in", type=float, help="seconds from now")
     p.add_argument("--tag", action="append", dest="tags")
 
-    p = sub.add_parser("status", help="counts by queue and state, oldest available job, nodes")
+    p = sub.add_parser("status", help="counts by queue and state, paused queues, limits, nodes")
     _common(p)
     p.add_argument("--json", action="store_true")
 
@@ -161,6 +287,24 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=f"{verb} jobs matching the filters")
         _common(p)
         _filters(p)
+        if name == "retry":
+            p.add_argument("--yes", action="store_true",
+                           help="confirm re-running completed jobs (--state completed)")
+
+    for name, verb in (("pause", "stop runners claiming"), ("resume", "let runners claim")):
+        p = sub.add_parser(name, help=f"{verb} jobs of a queue (every runner, within seconds)")
+        _common(p)
+        p.add_argument("queue_name", metavar="QUEUE")
+
+    p = sub.add_parser("prune", help="archive old finished jobs and delete old archived ones now")
+    _common(p)
+    _retention(p)
+
+    p = sub.add_parser("embedded", help="the embedded PostgreSQL: url, start, stop")
+    p.add_argument("action", choices=["url", "start", "stop"],
+                   help="url: print its URL if running; start: keep it running for other tools "
+                   "until stop; stop: stop it")  # fmt: skip
+    p.add_argument("--data-dir", default=str(embedded.DEFAULT_DIR), help="default .shigoto")
 
     p = sub.add_parser("bench", help="measure enqueue, processing and pickup latency")
     _common(p)
@@ -178,21 +322,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# -- main -----------------------------------------------------------------------------------
+
+
+def _put_cwd_on_path() -> None:
+    """`shigoto run --import myapp.workers` from the project folder finds `myapp`, as with
+    Celery and RQ: a console script's sys.path starts with its bin directory, not the cwd."""
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.insert(0, cwd)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _put_cwd_on_path()
     args = build_parser().parse_args(argv)
-    logs.configure(args.log_level, args.log_format)
     try:
+        _resolve_env(args)
+        logs.configure(args.log_level, args.log_format)
         return int(_COMMANDS[args.command](args) or 0)
+    except KeyboardInterrupt:
+        return 130
     except Error as exc:
-        print(f"shigoto {args.command}: {exc}", file=sys.stderr)
-        return 2
+        return _fail(args, str(exc))
     except psycopg.errors.UndefinedTable as exc:
-        print(f"shigoto {args.command}: {exc.diag.message_primary}; the schema is not set up: "
-              "run `shigoto migrate` against this database first", file=sys.stderr)  # fmt: skip
-        return 2
+        return _fail(args, f"{exc.diag.message_primary}; the schema is not set up: run "
+                     "`shigoto migrate` against this database first")  # fmt: skip
+    except psycopg.errors.InsufficientPrivilege as exc:
+        return _fail(args, f"{exc.diag.message_primary}: the database role lacks a grant "
+                     "(docs/getting-started.md, 'Migrating role and runtime role')")  # fmt: skip
     except psycopg.OperationalError as exc:
-        print(f"shigoto {args.command}: cannot reach the database: {exc}", file=sys.stderr)
-        return 2
+        return _fail(args, f"cannot reach the database: {exc}")
+    except psycopg.Error as exc:
+        return _fail(args, f"database error ({type(exc).__name__}): {exc}")
+
+
+def _fail(args: argparse.Namespace, message: str) -> int:
+    url = getattr(args, "database_url", None)
+    print(f"shigoto {args.command}: {redact(message.strip(), url)}", file=sys.stderr)
+    return 2
+
+
+# -- commands -------------------------------------------------------------------------------
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -203,45 +373,88 @@ def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace) -> int:
+def _runner(args: argparse.Namespace) -> Any:
+    from shigoto.cron import load_file
     from shigoto.runner import Runner
 
     queues = (config.parse_queues(",".join(args.queues)) if args.queues
               else config.queues_from_env())  # fmt: skip
     imports = args.imports if args.imports else config.imports_from_env()
-    from shigoto.cron import load_file
-
     schedules = load_file(args.cron) if args.cron else []
-    limits_text = ",".join(args.global_concurrency or []) or _env("SHIGOTO_GLOBAL_CONCURRENCY")
+    limits_text = ",".join(args.global_concurrency or []) or os.environ.get(
+        "SHIGOTO_GLOBAL_CONCURRENCY"
+    )
     limits = config.parse_queues(limits_text) if limits_text else {}
-    runner = Runner(
+    retention = {k: getattr(args, k) for k in ("prune_after", "archive_retention")
+                 if getattr(args, k) is not None}  # fmt: skip
+    return Runner(
         queues, database_url=_database_url(args), schema=args.schema, imports=imports,
         auto_migrate=not args.no_migrate, poll_interval=args.poll_interval,
         shutdown_timeout=args.shutdown_timeout, cron=args.cron is not None,
         cron_schedules=schedules, global_concurrency=limits,
-        heartbeat_interval=args.heartbeat_interval,
-        rescue_after=float(args.rescue_after) if args.rescue_after else None,
+        heartbeat_interval=args.heartbeat_interval, rescue_after=args.rescue_after,
+        **retention,
     )  # fmt: skip
 
-    async def serve() -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(runner.stop()))
-        health_server = None
-        if args.health_port is not None:  # 0 is valid: any free port, logged at start
-            from shigoto.probes import HealthServer
 
-            health_server = HealthServer(runner, port=int(args.health_port))
-            await health_server.start()
-        try:
-            await runner.run()
-        finally:
-            if health_server is not None:
-                await health_server.stop()
-
-    asyncio.run(serve())
+def _run(args: argparse.Namespace) -> int:
+    runner = _runner(args)
+    asyncio.run(_serve(runner, args))
     _exit_even_if_threads_linger()
     return 0
+
+
+async def _serve(runner: Any, args: argparse.Namespace) -> None:
+    _handle_signals(runner)
+    health_server = await _start_health(runner, args)
+    try:
+        await runner.run()
+    finally:
+        if health_server is not None:
+            await health_server.stop()
+
+
+def _handle_signals(runner: Any) -> None:
+    """The first SIGTERM/SIGINT stops gracefully; a second one exits at once."""
+    loop = asyncio.get_running_loop()
+    received: list[int] = []
+    stopping: list[asyncio.Future[None]] = []
+
+    def on_signal(sig: int) -> None:
+        received.append(sig)
+        if len(received) == 1:
+            if sig == signal.SIGINT:
+                print("shigoto run: stopping after the running jobs (press Ctrl-C again to "
+                      "exit at once)", file=sys.stderr)  # fmt: skip
+            stopping.append(asyncio.ensure_future(runner.stop()))
+            return
+        print("shigoto run: exiting at once; jobs still running stay executing until a "
+              "runner rescues them", file=sys.stderr)  # fmt: skip
+        with contextlib.suppress(Exception):
+            embedded.release()  # no atexit hooks after os._exit
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+
+
+async def _start_health(runner: Any, args: argparse.Namespace) -> Any:
+    if args.health_port is None:
+        return None
+    from shigoto.probes import HealthServer
+
+    server = HealthServer(runner, port=args.health_port, host=args.health_host)
+    try:
+        await server.start()
+    except OSError as exc:
+        raise ConfigurationError(
+            f"--health-port {args.health_port}: cannot listen on "
+            f"{args.health_host}:{args.health_port} ({exc.strerror or exc}); pick a free port, "
+            "or 0 for any"
+        ) from None
+    return server
 
 
 def _exit_even_if_threads_linger() -> None:
@@ -252,22 +465,24 @@ def _exit_even_if_threads_linger() -> None:
     if busy:
         sys.stdout.flush()
         sys.stderr.flush()
+        with contextlib.suppress(Exception):
+            embedded.release()
         os._exit(0)
 
 
 def _enqueue(args: argparse.Namespace) -> int:
     from shigoto.client import enqueue
-    from shigoto.errors import ValidationError
 
     try:
         job_args = json.loads(args.args)
     except json.JSONDecodeError as exc:
         raise ValidationError("--args", f"is not valid JSON ({exc})") from None
-    job = enqueue(
-        args.worker, job_args, queue=args.queue, priority=args.priority,
-        max_attempts=args.max_attempts, schedule_in=args.schedule_in, tags=args.tags,
-        database_url=_database_url(args), schema=args.schema,
-    )  # fmt: skip
+    with _flags_in_errors():
+        job = enqueue(
+            args.worker, job_args, queue=args.queue, priority=args.priority,
+            max_attempts=args.max_attempts, schedule_in=args.schedule_in, tags=args.tags,
+            database_url=_database_url(args), schema=args.schema,
+        )  # fmt: skip
     print(json.dumps({"id": job.id, "queue": job.queue, "state": str(job.state)}))
     return 0
 
@@ -279,24 +494,114 @@ def _status(args: argparse.Namespace) -> int:
     st = status(database_url=_database_url(args), schema=args.schema)
     if args.json:
         print(json.dumps(st.as_dict(), indent=2, default=str))
-    else:
-        render_status(st)
+        return 0
+    render_status(st)
+    if st.settings:
+        _render_settings(st)
     return 0
 
 
-def _bulk(action: str):
+def _render_settings(st: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="queue settings")
+    for name in ("queue", "paused", "global limit"):
+        table.add_column(name)
+    for queue, setting in sorted(st.settings.items()):
+        limit = setting["global_concurrency"]
+        table.add_row(queue, "PAUSED" if setting["paused"] else "no",
+                      "-" if limit is None else str(limit))  # fmt: skip
+    Console(width=max(Console().width, 60)).print(table)
+
+
+def _bulk(action: str) -> Callable[[argparse.Namespace], int]:
     def command(args: argparse.Namespace) -> int:
         from shigoto import operations
 
         fn = operations.retry_by if action == "retry" else operations.cancel_by
-        ids = fn(
-            ids=args.ids, queue=args.queue, worker=args.worker, tag=args.tag, state=args.state,
-            database_url=_database_url(args), schema=args.schema,
-        )  # fmt: skip
-        print(json.dumps({action: ids}))
+        filters = {"ids": args.ids, "queue": args.queue, "worker": args.worker,
+                   "tag": args.tag, "state": args.state}  # fmt: skip
+        where = {"database_url": _database_url(args), "schema": args.schema}
+        with _flags_in_errors():
+            if action == "retry" and args.state == "completed" and not args.dry_run:
+                _confirm_rerun(args, filters, where)
+            ids = fn(**filters, dry_run=args.dry_run, **where)
+            if not ids:
+                why = operations.explain_no_match(action, **filters, **where)
+                print(f"shigoto {action}: nothing to {action}: {why}", file=sys.stderr)
+        out: dict[str, Any] = {action: ids}
+        if args.dry_run:
+            out["dry_run"] = True
+        print(json.dumps(out))
         return 0
 
     return command
+
+
+def _confirm_rerun(
+    args: argparse.Namespace, filters: dict[str, Any], where: dict[str, Any]
+) -> None:
+    """Completed jobs did their work once; running them again must be meant."""
+    if args.yes:
+        return
+    from shigoto.operations import retry_by
+
+    count = len(retry_by(**filters, dry_run=True, **where))
+    if not count:
+        return
+    if not sys.stdin.isatty():
+        raise ConfigurationError(
+            f"--state completed runs {count} completed jobs again: add --yes to confirm "
+            "(or --dry-run to list them)"
+        )
+    answer = input(f"Run {count} completed jobs again? [y/N] ")
+    if answer.strip().lower() not in ("y", "yes"):
+        raise ConfigurationError("not confirmed; nothing was retried")
+
+
+def _pause(paused: bool) -> Callable[[argparse.Namespace], int]:
+    def command(args: argparse.Namespace) -> int:
+        from shigoto.queue_settings import pause_queue, resume_queue
+
+        change = pause_queue if paused else resume_queue
+        with _flags_in_errors():
+            change(args.queue_name, database_url=_database_url(args), schema=args.schema)
+        print(json.dumps({"queue": args.queue_name, "paused": paused}))
+        return 0
+
+    return command
+
+
+def _prune(args: argparse.Namespace) -> int:
+    from shigoto.operations import prune
+
+    with _flags_in_errors():
+        done = prune(prune_after=args.prune_after, archive_retention=args.archive_retention,
+                     database_url=_database_url(args), schema=args.schema)  # fmt: skip
+    print(json.dumps(done))
+    return 0
+
+
+def _embedded(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    data_dir = Path(args.data_dir)
+    if args.action == "start":
+        print(embedded.start(data_dir, keep=True))
+        return 0
+    if args.action == "stop":
+        was = embedded.stop(data_dir)
+        print("stopped" if was else "not running", file=sys.stderr)
+        return 0
+    url = embedded.running_url(data_dir)
+    if url is None:
+        raise ConfigurationError(
+            f"the embedded PostgreSQL in {embedded.pgdata_path(data_dir)} is not running; "
+            "`shigoto embedded start` keeps one running"
+        )
+    print(url)
+    return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -311,13 +616,17 @@ def _demo(args: argparse.Namespace) -> int:
     return demo_main(_database_url(args), schema=args.schema)
 
 
-_COMMANDS = {
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "migrate": _migrate,
     "run": _run,
     "enqueue": _enqueue,
     "status": _status,
     "retry": _bulk("retry"),
     "cancel": _bulk("cancel"),
+    "pause": _pause(True),
+    "resume": _pause(False),
+    "prune": _prune,
+    "embedded": _embedded,
     "bench": _bench,
     "demo": _demo,
 }

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from shigoto import _sql, config, database
+from shigoto import _sql, config, database, telemetry
 from shigoto._service import Service
 from shigoto.errors import ValidationError
 
@@ -78,6 +78,9 @@ def set_queue(
     schema: str | None = None,
 ) -> None:
     """Change a queue's shared settings; runners pick the change up within seconds."""
+    problem = config.queue_name_problem(name)
+    if problem:
+        raise ValidationError("queue", problem)
     schema_name = config.schema(schema)
     with database.sync_pool(config.database_url(database_url)).connection() as conn:
         if not isinstance(global_concurrency, _Unset):
@@ -90,6 +93,23 @@ def set_queue(
                          {"name": name, "limit": global_concurrency})  # fmt: skip
         if paused is not None:
             conn.execute(_stmt(_SET_PAUSED, schema_name), {"name": name, "paused": bool(paused)})
+
+
+def pause_queue(
+    name: str, *, database_url: str | None = None, schema: str | None = None
+) -> None:
+    """Stop runners from claiming jobs of `name` (within seconds, on every runner); jobs
+    already executing finish, and enqueueing goes on. Emits `queue.pause`."""
+    set_queue(name, paused=True, database_url=database_url, schema=schema)
+    telemetry.emit("queue.pause", {}, {"queue": name, "schema": config.schema(schema)})
+
+
+def resume_queue(
+    name: str, *, database_url: str | None = None, schema: str | None = None
+) -> None:
+    """Let runners claim jobs of `name` again. Emits `queue.resume`."""
+    set_queue(name, paused=False, database_url=database_url, schema=schema)
+    telemetry.emit("queue.resume", {}, {"queue": name, "schema": config.schema(schema)})
 
 
 class QueueSettingsWatcher(Service):

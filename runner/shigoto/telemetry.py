@@ -18,6 +18,8 @@ subscriber that raises is logged and skipped: telemetry must never break job pro
 | completer.error | attempt                          | node, error                              |
 | cron.enqueue    | count                            | name, job_ids                            |
 | rescuer.rescue  | count                            | node, job_ids                            |
+| queue.pause     | (none)                           | queue, schema                            |
+| queue.resume    | (none)                           | queue, schema                            |
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ log = logging.getLogger("shigoto.telemetry")
 EVENTS = frozenset({
     "job.start", "job.stop", "job.exception", "job.discard", "job.snooze", "job.cancel",
     "producer.claim", "stager.stage", "pruner.prune", "completer.flush", "completer.error",
-    "cron.enqueue", "rescuer.rescue",
+    "cron.enqueue", "rescuer.rescue", "queue.pause", "queue.resume",
 })  # fmt: skip
 
 Handler = Callable[[str, dict[str, Any], dict[str, Any]], Any]

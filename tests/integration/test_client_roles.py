@@ -63,7 +63,7 @@ def test_pending_migrations_name_the_role_and_what_to_do(
     runtime_url: str, conn: psycopg.Connection[Any]
 ) -> None:
     conn.execute("DELETE FROM shigoto_schema_migrations WHERE version = 3")
-    with pytest.raises(MigrationError, match="may not change schema 'public'.*shigoto migrate"):
+    with pytest.raises(MigrationError, match=r"may not change schema 'public'.*shigoto migrate"):
         shigoto.migrate(runtime_url)
 
 

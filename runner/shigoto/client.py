@@ -11,7 +11,7 @@ import json
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -111,6 +111,19 @@ def _too_large() -> Iterator[None]:
         ) from None
 
 
+class Interceptor(Protocol):
+    """Takes validated jobs instead of the database: `shigoto.testing`'s inline and manual
+    modes. Validation still runs first, so a test sees the same ValidationErrors."""
+
+    def record(self, specs: list[JobSpec]) -> list[Job]: ...
+
+    async def arecord(self, specs: list[JobSpec]) -> list[Job]: ...
+
+
+#: Set only by `shigoto.testing` (inline and manual modes); None in production.
+interceptor: Interceptor | None = None
+
+
 # -- sync ----------------------------------------------------------------------------------
 
 
@@ -137,6 +150,8 @@ def enqueue(
         timeout=timeout, scheduled_at=scheduled_at, schedule_in=schedule_in, tags=tags,
         meta=meta, **unknown,
     )  # fmt: skip
+    if interceptor is not None:
+        return interceptor.record([spec])[0]
     stmts = _sql.statements(config.schema(schema))
     if conn is not None:
         return _insert_one(conn, stmts, spec)
@@ -163,6 +178,8 @@ def enqueue_many(
     specs = jobspec.build_many(list(jobs))
     if not specs:
         return []
+    if interceptor is not None:
+        return interceptor.record(specs)
     stmts = _sql.statements(config.schema(schema))
     if conn is not None:
         if _caller_commits(conn):
@@ -221,6 +238,8 @@ async def aenqueue(
         timeout=timeout, scheduled_at=scheduled_at, schedule_in=schedule_in, tags=tags,
         meta=meta, **unknown,
     )  # fmt: skip
+    if interceptor is not None:
+        return (await interceptor.arecord([spec]))[0]
     stmts = _sql.statements(config.schema(schema))
     if conn is not None:
         return await _ainsert_one(conn, stmts, spec)
@@ -251,6 +270,8 @@ async def aenqueue_many(
     specs = jobspec.build_many(list(jobs))
     if not specs:
         return []
+    if interceptor is not None:
+        return await interceptor.arecord(specs)
     stmts = _sql.statements(config.schema(schema))
     if conn is not None:
         if _caller_commits(conn):

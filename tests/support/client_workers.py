@@ -27,3 +27,20 @@ async def async_greet(name: str) -> str:
 def type_error_inside(n: int) -> None:
     """Args fit; the body raises TypeError itself: an ordinary, retried failure."""
     raise TypeError(f"bad {n}")
+
+
+@shigoto.worker(max_attempts=3)
+def explode(reason: str) -> None:
+    raise RuntimeError(reason)
+
+
+@shigoto.worker
+def give_up(reason: str) -> shigoto.Discard:
+    return shigoto.Discard(reason)
+
+
+@shigoto.worker
+def signup(email: str) -> int:
+    """Enqueues from inside a perform, as application code does."""
+    send_welcome.options(priority=2).enqueue(user_id=len(email))
+    return len(email)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
@@ -61,10 +62,20 @@ def wire_params(params: dict[str, Any]) -> dict[str, Any]:
 
 
 class Completer:
-    def __init__(self, pool: AsyncConnectionPool, stmts: _sql.Statements, node: str) -> None:
+    """`on_flush` hears the queues of every written batch: under a global limit, a job counts
+    until its outcome is written, so that is when its producer may claim again."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        stmts: _sql.Statements,
+        node: str,
+        on_flush: Callable[[set[str]], None] | None = None,
+    ) -> None:
         self.pool = pool
         self.stmts = stmts
         self.node = node
+        self.on_flush = on_flush
         self._pending: list[Completion] = []
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
@@ -119,6 +130,8 @@ class Completer:
                  "acknowledged": acknowledged},
                 {"node": self.node},
             )  # fmt: skip
+            if self.on_flush is not None:
+                self.on_flush({c.job.queue for c in batch})
             return
 
     async def _write(self, batch: list[Completion]) -> int:

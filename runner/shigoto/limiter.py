@@ -1,25 +1,75 @@
-"""Global concurrency limits across every runner, held as PostgreSQL advisory locks.
+"""Global concurrency limits across every runner, counted from the executing rows themselves.
 
-A limit of N has N slots; an executing job of a limited queue or worker holds one slot, as a
-session advisory lock on this runner's dedicated limiter connection. The database is the only
-coordinator: no counter can drift, and when a runner dies its session ends and its slots are
-free at once, with no leaked slot to clean up.
+A limit of N (per queue, or per worker) admits a job only while fewer than N jobs of its scope
+are `executing` on runners that may still be running them. The count and the claim happen in
+one transaction under a transaction-level advisory lock on the scope, so two runners never
+admit against the same count. A row stays `executing` until its outcome is written, after the
+perform returned: the count can only be too high for a moment, never too low. That holds
+whatever happens to a connection: a killed limiter session or a database restart loses no
+row, so no job can ever run over the limit because a lock went away with its session.
 
-If the limiter connection itself drops while jobs run, their locks are gone; on reconnect the
-limiter takes the same slot numbers back. Another runner may have taken one in between, so the
-limit can be exceeded briefly in that case; it is logged.
+The rows of a runner that really died must stop counting, or its slots would be lost until the
+rescuer returns its jobs (90 s by default). A row counts while its node *may be alive*:
+
+- the node holds its liveness lock, a session advisory lock on the limiter's connection
+  (released the instant the process dies), or
+- the node proved itself (`shigoto_nodes.last_seen_at`, refreshed every `PROVE_INTERVAL`)
+  within the last `GRACE` seconds, or
+- the server itself started less than `GRACE` seconds ago (every lock went with the restart;
+  each runner gets that long to take its lock again).
+
+A runner whose limiter connection was killed keeps proving itself through its pool and takes
+its lock again on reconnect, well within `GRACE`; a SIGKILLed runner's rows stop counting at
+most `GRACE` seconds after its last proof. Only a runner cut off from the database for longer
+than `GRACE` while its jobs still run (a network partition) is counted out too early.
 """
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
 import zlib
+from typing import Any
 
 import psycopg
-from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+
+from shigoto import _sql
+from shigoto._service import Service
 
 log = logging.getLogger("shigoto.limiter")
+
+#: How often (seconds) a runner proves it is alive: liveness lock held, `last_seen_at` fresh.
+PROVE_INTERVAL = 1.0
+#: How long (seconds) the rows of a runner that holds no liveness lock still count.
+GRACE = 10.0
+
+# A session advisory lock per node (bigint key, so objsubid 1 in pg_locks): held by the node's
+# limiter connection for as long as the process lives. `_BUSY` computes the same key.
+_TAKE_LIVENESS = "SELECT pg_try_advisory_lock(hashtextextended(%(schema)s || ':' || %(node)s, 0))"
+
+_PROVE = "UPDATE {nodes} SET last_seen_at = now() WHERE id = %(node)s"
+
+# Executing rows of the scope whose runner may still be running them (see the module doc).
+_BUSY = """
+WITH locked AS MATERIALIZED (
+    SELECT classid, objid FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 1
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+)
+SELECT {group_by}, count(*) AS busy
+FROM {jobs} AS j LEFT JOIN {nodes} AS n ON n.id = j.attempted_by
+WHERE j.state = 'executing' AND {scope_filter}
+  AND (n.last_seen_at > now() - make_interval(secs => %(grace)s)
+       OR pg_postmaster_start_time() > now() - make_interval(secs => %(grace)s)
+       OR (((hashtextextended({schema_name} || ':' || j.attempted_by, 0) >> 32)
+             & 4294967295)::oid,
+           (hashtextextended({schema_name} || ':' || j.attempted_by, 0) & 4294967295)::oid)
+          IN (SELECT classid, objid FROM locked))
+GROUP BY {group_by}
+"""
+
+_LOCK_SCOPE = "SELECT pg_advisory_xact_lock(%(scope)s, -1)"
 
 
 def scope_key(schema: str, kind: str, name: str) -> int:
@@ -28,66 +78,82 @@ def scope_key(schema: str, kind: str, name: str) -> int:
     return value - 2**32 if value >= 2**31 else value
 
 
-class Limiter:
-    def __init__(self, url: str, schema: str) -> None:
+@functools.cache
+def _busy(schema: str, kind: str) -> str:
+    column = "j.queue" if kind == "queue" else "j.worker"
+    template = _BUSY.replace("{group_by}", column).replace(
+        "{scope_filter}", f"{column} = ANY(%(names)s::text[])"
+    )
+    return _sql.compose(template, schema)
+
+
+@functools.cache
+def limited_claim(claim: str) -> str:
+    """A claim statement that takes at most `%(room)s` jobs, whatever `%(limit)s` asks."""
+    assert "LIMIT %(limit)s" in claim
+    return claim.replace("LIMIT %(limit)s", "LIMIT least(%(limit)s, %(room)s)")
+
+
+async def count_busy(
+    conn: psycopg.AsyncConnection[Any], schema: str, kind: str, names: list[str]
+) -> dict[str, int]:
+    """Executing jobs that count against the limits of `names` (queues or workers)."""
+    cur = await conn.execute(_busy(schema, kind), {"names": names, "grace": GRACE})
+    return {str(name): int(n) for name, n in await cur.fetchall()}
+
+
+async def lock_scope(conn: psycopg.AsyncConnection[Any], scope: int) -> None:
+    """Serialise admissions of one scope until the end of the current transaction."""
+    await conn.execute(_LOCK_SCOPE, {"scope": scope})
+
+
+class Limiter(Service):
+    """Keeps this runner provably alive for the limit counts of every runner.
+
+    Holds the liveness lock on a dedicated connection (application_name `shigoto-limiter`),
+    takes it again after a reconnect, and refreshes the node's `last_seen_at` every tick.
+    """
+
+    name = "limiter"
+
+    def __init__(
+        self, url: str, schema: str, node: str, pool: AsyncConnectionPool | None = None
+    ) -> None:
+        super().__init__(PROVE_INTERVAL)
         self.url = url
         self.schema = schema
-        self._conn: psycopg.AsyncConnection | None = None
-        self._lock = asyncio.Lock()
-        self.held: dict[int, set[int]] = {}
-        self._take = sql.SQL("SELECT {}(%s, %s, %s, %s)").format(
-            sql.Identifier(schema, "shigoto_take_slots")
-        )
+        self.node = node
+        self.pool = pool
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._prove = _sql.compose(_PROVE, schema)
 
-    async def _connection(self) -> psycopg.AsyncConnection:
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
-            await self._retake()
-        return self._conn
-
-    async def _retake(self) -> None:
-        assert self._conn is not None
-        for scope, slots in self.held.items():
-            for slot in slots:
-                cur = await self._conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (scope, slot))
-                row = await cur.fetchone()
-                if not (row and row[0]):
-                    log.warning("global slot %s/%s was taken by another runner while the "
-                                "limiter reconnected; the limit is briefly exceeded", scope, slot)
-
-    async def take(self, scope: int, limit: int, wanted: int) -> list[int]:
-        """Up to `wanted` free slots of a `limit`-slot scope; may return none."""
-        if wanted <= 0:
-            return []
-        async with self._lock:
-            try:
-                conn = await self._connection()
-                held = sorted(self.held.get(scope, ()))
-                cur = await conn.execute(self._take, (scope, limit, wanted, held))
-                row = await cur.fetchone()
-            except (psycopg.Error, OSError) as exc:
-                log.warning("could not take global slots: %s", exc)
-                await self._drop()
-                return []
-        got = list(row[0]) if row and row[0] else []
-        self.held.setdefault(scope, set()).update(got)
-        return got
-
-    async def give(self, scope: int, slots: list[int]) -> None:
-        """Free slots; a failure to unlock is harmless once the session is gone."""
-        if not slots:
+    async def run_once(self) -> None:
+        try:
+            await self._hold_lock()
             return
-        mine = self.held.get(scope, set())
-        mine.difference_update(slots)
-        async with self._lock:
-            try:
-                conn = await self._connection()
-                await conn.execute(
-                    "SELECT pg_advisory_unlock(%s, s) FROM unnest(%s::int[]) AS s", (scope, slots)
-                )
-            except (psycopg.Error, OSError) as exc:
-                log.warning("could not free global slots %s: %s", slots, exc)
-                await self._drop()
+        except (psycopg.Error, OSError) as exc:
+            log.warning("limiter connection lost, reconnecting: %s", exc)
+            await self._drop()
+        # Prove through the pool meanwhile: a killed limiter session must not make this
+        # runner's jobs look abandoned while it reconnects.
+        if self.pool is not None:
+            async with self.pool.connection() as conn:
+                await conn.execute(self._prove, {"node": self.node})
+
+    async def _hold_lock(self) -> None:
+        conn = self._conn
+        if conn is not None and not conn.closed and not conn.broken:
+            await conn.execute(self._prove, {"node": self.node})
+            return
+        conn = await psycopg.AsyncConnection.connect(
+            self.url, autocommit=True, application_name=f"shigoto-limiter:{self.node}"[:63]
+        )
+        self._conn = conn
+        cur = await conn.execute(_TAKE_LIVENESS, {"schema": self.schema, "node": self.node})
+        row = await cur.fetchone()
+        if not (row and row[0]):
+            log.warning("liveness lock of node %s is held by another session", self.node)
+        await conn.execute(self._prove, {"node": self.node})
 
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None
@@ -95,6 +161,9 @@ class Limiter:
             await conn.close()
 
     async def close(self) -> None:
-        async with self._lock:
-            self.held.clear()
-            await self._drop()
+        self.stop()
+        await self._drop()
+
+
+__all__ = ["GRACE", "PROVE_INTERVAL", "Limiter", "count_busy", "limited_claim", "lock_scope",
+           "scope_key"]  # fmt: skip

@@ -3,6 +3,10 @@
 The producer wakes when a NOTIFY names its queue, when a slot frees up after a full claim
 (more work is likely waiting), or after `poll_interval` as a fallback. Each claim asks for as
 many jobs as there are free slots, so one round trip fills many slots under load.
+
+A queue with a global limit claims through the limiter's count (see `shigoto.limiter`): the
+claim itself takes no more than the room left across all runners. A limited producer is woken
+again when one of its completions is written, since only then does its job stop counting.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from collections.abc import Awaitable, Callable
 
 from shigoto import telemetry
 from shigoto.job import Job
-from shigoto.limiter import Limiter
 
 log = logging.getLogger("shigoto.producer")
 
@@ -36,8 +39,6 @@ class Producer:
         poll_interval: float,
         claim_batch: int,
         node: str,
-        limiter: Limiter | None = None,
-        scope: int = 0,
     ) -> None:
         self.queue = queue
         self.concurrency = concurrency
@@ -46,15 +47,10 @@ class Producer:
         self.poll_interval = poll_interval
         self.claim_batch = claim_batch
         self.node = node
-        self.limiter = limiter
-        self.scope = scope
         #: Slots across all runners (from shigoto_queues); None means no global limit.
         self.global_limit: int | None = None
         #: A paused queue keeps its running jobs but claims nothing new.
         self.paused = False
-        self.slots: dict[int, int] = {}
-        self._giving: set[asyncio.Future[None]] = set()
-        self._spare: list[int] = []
         self.running: dict[int, tuple[Job, asyncio.Task[None]]] = {}
         self._wake = asyncio.Event()
         self._claiming = True
@@ -79,10 +75,7 @@ class Producer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.poll_interval)
             self._wake.clear()
-            if not self._claiming or self.paused:
-                await self.release_spare()
-                continue
-            if self.free == 0:
+            if not self._claiming or self.paused or self.wanted == 0:
                 continue
             try:
                 jobs = await self._claim_batch()
@@ -99,23 +92,19 @@ class Producer:
             for job in jobs:
                 self._start(job)
 
-    async def _claim_batch(self) -> list[Job]:
+    @property
+    def wanted(self) -> int:
+        """Jobs the next claim asks for: free slots, within the batch size and the global
+        limit (which this runner alone may already fill, and then need not ask at all)."""
         wanted = min(self.free, self.claim_batch)
+        if self.global_limit is not None:
+            wanted = min(wanted, max(self.global_limit - len(self.running), 0))
+        return wanted
+
+    async def _claim_batch(self) -> list[Job]:
+        wanted = self.wanted
         started = time.monotonic()
-        slots = await self._slots_for(wanted)
-        if slots is not None:
-            if not slots:
-                self._more_waiting = False  # retried on the next poll or wake-up
-                return []
-            wanted = len(slots)
-        try:
-            jobs = await self._claim(self.queue, wanted)
-        except BaseException:
-            await self._give(slots)
-            raise
-        if slots:
-            await self._give(slots[len(jobs):])
-            self.slots.update(zip((j.id for j in jobs), slots, strict=False))
+        jobs = await self._claim(self.queue, wanted)
         telemetry.emit(
             "producer.claim",
             {"duration": time.monotonic() - started, "count": len(jobs), "requested": wanted},
@@ -131,57 +120,19 @@ class Producer:
         self._drained.clear()
         task.add_done_callback(lambda _t, job_id=job.id: self._finished(job_id))
 
-    async def _slots_for(self, wanted: int) -> list[int] | None:
-        """Global slots for a claim of `wanted` jobs; None when the queue has no global limit.
-
-        Slots of jobs that just finished here are reused without a round trip; only the rest
-        are taken from the database. Slot numbers beyond a lowered limit are given back.
-        """
-        spare, self._spare = self._spare, []
-        limit = self.global_limit
-        if limit is None or self.limiter is None:
-            await self._give(spare)
-            return None
-        usable = [s for s in spare if s < limit]
-        await self._give([s for s in spare if s >= limit] + usable[wanted:])
-        slots = usable[:wanted]
-        # Slots held by running jobs here count against the limit too: when this runner
-        # already holds all of them, asking the database for more is a wasted round trip.
-        more = min(wanted - len(slots), limit - len(slots) - len(self.slots))
-        if more > 0:
-            slots += await self.limiter.take(self.scope, limit, more)
-        return slots
-
-    def _given(self, task: asyncio.Future[None]) -> None:
-        self._giving.discard(task)
-        self._wake.set()
-
-    async def release_spare(self) -> None:
-        """Give back global slots kept for a next claim that will not come."""
-        spare, self._spare = self._spare, []
-        await self._give(spare)
-
-    async def _give(self, slots: list[int]) -> None:
-        if slots and self.limiter is not None:
-            await self.limiter.give(self.scope, slots)
-
     def _finished(self, job_id: int) -> None:
         self.running.pop(job_id, None)
-        slot = self.slots.pop(job_id, None)
-        if slot is not None and self._claiming and not self.paused:
-            # Keep the slot for the next claim, which comes at once: a busy limited queue runs
-            # at its limit without a round trip per job. A claim that finds the queue empty
-            # gives unused slots back, so spare slots never outlive one claim.
-            self._spare.append(slot)
-            self._wake.set()
-        elif slot is not None:
-            task = asyncio.ensure_future(self._give([slot]))
-            self._giving.add(task)
-            task.add_done_callback(self._given)
-        elif self._more_waiting:
+        # Under a global limit the finished job counts until its outcome is written: the claim
+        # comes with `acknowledged`, not now.
+        if self._more_waiting and self.global_limit is None:
             self._wake.set()
         if not self.running:
             self._drained.set()
+
+    def acknowledged(self) -> None:
+        """Outcomes of this queue's jobs were written: under a global limit, room may be free."""
+        if self.global_limit is not None and self._claiming:
+            self._wake.set()
 
     def cancel_job(self, job_id: int) -> bool:
         """Cancel the task running `job_id` (its row was already cancelled in the database)."""

@@ -32,7 +32,7 @@ from shigoto.elector import Elector
 from shigoto.errors import ConfigurationError, Error, MigrationError
 from shigoto.executor import CALLBACK_THREADS, CALLBACK_TIMEOUT, JobExecutor
 from shigoto.job import Job
-from shigoto.limiter import Limiter, scope_key
+from shigoto.limiter import Limiter, count_busy, limited_claim, lock_scope, scope_key
 from shigoto.migrate import current_version, latest_version, migrate
 from shigoto.node import Heartbeat, new_node_id
 from shigoto.notifier import Notifier
@@ -126,7 +126,7 @@ class Runner:
         self.cron = cron or bool(self.cron_schedules)
         self.elector = Elector(self.url, self.schema)
         self.global_concurrency = dict(global_concurrency or {})
-        self.limiter = Limiter(self.url, self.schema)
+        self.limiter = Limiter(self.url, self.schema, self.node)
         self.stmts = _sql.statements(self.schema)
         self.ready = asyncio.Event()
         self.producers: dict[str, Producer] = {}
@@ -160,6 +160,7 @@ class Runner:
         )  # fmt: skip
         await pool.open(wait=True, timeout=30)
         self._pool = pool
+        self.limiter.pool = pool
         try:
             await self._check_schema(pool)
             if self.global_concurrency:
@@ -191,7 +192,7 @@ class Runner:
         # Sync performs never wait for a thread (see shigoto.threads); callbacks have their own.
         self._threads = Threads("shigoto-worker")
         self._callbacks = Threads("shigoto-callback", max_threads=CALLBACK_THREADS)
-        self._completer = Completer(pool, self.stmts, self.node)
+        self._completer = Completer(pool, self.stmts, self.node, on_flush=self._acknowledged)
         self._executor = JobExecutor(
             node=self.node, resolve=lookup, threads=self._threads, progress=self._report_progress,
             callbacks=self._callbacks, callback_timeout=self.callback_timeout,
@@ -223,6 +224,8 @@ class Runner:
                 pool, self.schema, is_leader=leader, interval=s.cron_interval
             )
         self._tasks["elector"] = asyncio.create_task(self.elector.run())
+        # Proves this runner alive to every runner's limit counts until the very end.
+        self._tasks["limiter"] = asyncio.create_task(self.limiter.run())
         self._tasks["completer"] = asyncio.create_task(self._completer.run())
         self._tasks["notifier"] = asyncio.create_task(notifier.run())
         for name, service in services.items():
@@ -286,8 +289,6 @@ class Runner:
         for _, task in leftover:
             task.cancel()
         await asyncio.gather(*(task for _, task in leftover), return_exceptions=True)
-        for p in producers:
-            await p.release_spare()
         if leftover:
             await self._put_back([job.id for job, _ in leftover])
 
@@ -347,7 +348,7 @@ class Runner:
         producer = Producer(
             queue, concurrency, claim=self._claim, execute=self._execute,
             poll_interval=self.settings.poll_interval, claim_batch=self.settings.claim_batch,
-            node=self.node, limiter=self.limiter, scope=scope_key(self.schema, "queue", queue),
+            node=self.node,
         )  # fmt: skip
         producer.global_limit = self.global_concurrency.get(queue)
         self.producers[queue] = producer
@@ -360,16 +361,41 @@ class Runner:
         assert self._pool is not None
         params: dict[str, Any] = {"queue": queue, "limit": limit, "node": self.node}
         statement = self.stmts.claim
+        producer = self.producers.get(queue)
+        global_limit = producer.global_limit if producer is not None else None
         async with self._pool.connection() as conn:
             saturated = await self._saturated_workers(conn)
             if saturated:
                 statement = self.stmts.claim_excluding
                 params["exclude"] = saturated
-            cur = conn.cursor(row_factory=_job_rows)
-            await cur.execute(statement, params)
-            jobs = await cur.fetchall()
+            if global_limit is None:
+                jobs = await self._claim_rows(conn, statement, params)
+            else:
+                jobs = await self._claim_limited(conn, statement, params, global_limit)
         jobs.sort(key=lambda j: (-j.priority, j.scheduled_at, j.id))
         return jobs
+
+    @staticmethod
+    async def _claim_rows(conn: Any, statement: str, params: dict[str, Any]) -> list[Job]:
+        cur = conn.cursor(row_factory=_job_rows)
+        await cur.execute(statement, params)
+        return await cur.fetchall()
+
+    async def _claim_limited(
+        self, conn: Any, statement: str, params: dict[str, Any], global_limit: int
+    ) -> list[Job]:
+        """Claim no more than the room the queue's global limit has left, counted and claimed
+        under the queue's transaction lock (see `shigoto.limiter`)."""
+        queue = params["queue"]
+        async with conn.transaction():
+            await lock_scope(conn, scope_key(self.schema, "queue", queue))
+            busy = (await count_busy(conn, self.schema, "queue", [queue])).get(queue, 0)
+            room = global_limit - busy
+            if room <= 0:
+                return []
+            return await self._claim_rows(
+                conn, limited_claim(statement), {**params, "room": room}
+            )
 
     def _worker_limits(self) -> dict[str, int]:
         """Global limits of the workers this process knows (others cannot be resolved here)."""
@@ -377,31 +403,40 @@ class Runner:
                 if w.global_concurrency}  # fmt: skip
 
     async def _saturated_workers(self, conn: Any) -> list[str]:
-        """Limited workers whose every slot is held somewhere; their jobs are not claimed."""
+        """Limited workers whose every slot is taken somewhere; their jobs are not claimed."""
         limits = self._worker_limits()
         if not limits:
             return []
-        scopes = {scope_key(self.schema, "worker", name): name for name in limits}
-        cur = await conn.execute(self.stmts.slots_held, {"scopes": list(scopes)})
-        held = {scopes[scope]: count for scope, count in await cur.fetchall()}
-        return sorted(name for name, limit in limits.items() if held.get(name, 0) >= limit)
+        busy = await count_busy(conn, self.schema, "worker", list(limits))
+        return sorted(name for name, limit in limits.items() if busy.get(name, 0) >= limit)
 
     async def _execute(self, job: Job) -> None:
         limit = self._worker_limits().get(job.worker)
-        if limit is None:
-            await self._execute_unlimited(job)
+        if limit is not None and not await self._admit(job, limit):
             return
-        scope = scope_key(self.schema, "worker", job.worker)
-        slots = await self.limiter.take(scope, limit, 1)
-        if not slots:
-            # Another runner took the last slot between our check and our claim: hand the job
-            # back untouched (attempt not consumed) rather than run it over the limit.
-            await self._put_back([job.id])
-            return
-        try:
-            await self._execute_unlimited(job)
-        finally:
-            await self.limiter.give(scope, slots)
+        await self._execute_unlimited(job)
+
+    async def _admit(self, job: Job, limit: int) -> bool:
+        """Whether `job` (claimed, so counted) fits its worker's global limit; if not, it is
+        handed back untouched (attempt not consumed) in the same transaction."""
+        assert self._pool is not None
+        async with self._pool.connection() as conn, conn.transaction():
+            await lock_scope(conn, scope_key(self.schema, "worker", job.worker))
+            busy = await count_busy(conn, self.schema, "worker", [job.worker])
+            if busy.get(job.worker, 0) <= limit:
+                return True
+            await conn.execute(self.stmts.put_back, {"ids": [job.id], "node": self.node})
+        return False
+
+    def _acknowledged(self, queues: set[str]) -> None:
+        """Completions of `queues` were written: limited producers may claim again."""
+        for queue in queues:
+            producer = self.producers.get(queue)
+            if producer is not None:
+                producer.acknowledged()
+        if self._worker_limits():
+            for producer in self.producers.values():
+                producer.wake()
 
     async def _execute_unlimited(self, job: Job) -> None:
         assert self._executor is not None and self._completer is not None

@@ -149,3 +149,37 @@ class IsolatedClass(shigoto.Worker):
 
     def perform(self, args: dict[str, Any]) -> int:
         return os.getpid()
+
+
+# -- global limits --------------------------------------------------------------------------
+
+
+@shigoto.worker(queue="limited", max_attempts=1)
+def interval(ms: int, log: str) -> None:
+    """Sleeps `ms` and appends its interval (system-wide monotonic clock) to a per-process file
+    under `log`: no database involved, so a killed connection or a restart loses no record."""
+    job = shigoto.current_job()
+    start = time.monotonic()
+    time.sleep(ms / 1000)
+    end = time.monotonic()
+    with Path(log, f"{os.getpid()}.log").open("a", encoding="utf-8") as out:
+        out.write(f"{job.id} {start} {end}\n")
+
+
+def intervals(log: Path) -> list[tuple[int, float, float]]:
+    found = []
+    for path in log.glob("*.log"):
+        for line in path.read_text("utf-8").splitlines():
+            job_id, start, end = line.split()
+            found.append((int(job_id), float(start), float(end)))
+    return found
+
+
+def max_overlap(spans: list[tuple[int, float, float]]) -> int:
+    """The most intervals open at one instant (an end at the same instant as a start first)."""
+    events = sorted([(s, 1) for _, s, _ in spans] + [(e, -1) for _, _, e in spans])
+    open_now = peak = 0
+    for _, step in events:
+        open_now += step
+        peak = max(peak, open_now)
+    return peak

@@ -72,19 +72,23 @@ def start(data_dir: Path | None = None, *, name: str = DEFAULT_NAME, keep: bool 
         server = module.get_server(pgdata, cleanup_mode=None if keep else "stop")
     if pgdata not in _servers:
         # Registered after the package's own exit hook, so it runs first (atexit is LIFO).
-        atexit.register(forget_dead_handles, pgdata)
+        atexit.register(_before_exit, pgdata)
     _servers[pgdata] = server
     return str(server.get_uri())
+
+
+def _before_exit(pgdata: Path) -> None:
+    """Forget dead users just before the package's own exit hook counts who is left."""
+    forget_dead_handles(pgdata)
 
 
 def release(data_dir: Path | None = None, *, name: str = DEFAULT_NAME) -> None:
     """Give up this process's handle now (stopping the server if it was the last user), for
     exits that skip atexit hooks."""
     pgdata = pgdata_path(data_dir, name)
-    server = _servers.pop(pgdata, None)
-    if server is not None:
-        forget_dead_handles(pgdata)
-        server.cleanup()
+    if pgdata in _servers:
+        _before_exit(pgdata)
+        _servers.pop(pgdata).cleanup()
 
 
 def running_url(data_dir: Path | None = None, *, name: str = DEFAULT_NAME) -> str | None:

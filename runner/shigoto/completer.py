@@ -62,15 +62,15 @@ def wire_params(params: dict[str, Any]) -> dict[str, Any]:
 
 
 class Completer:
-    """`on_flush` hears the queues of every written batch: under a global limit, a job counts
-    until its outcome is written, so that is when its producer may claim again."""
+    """`on_flush` hears of every written batch: under a global limit, a job counts until its
+    outcome is written, so that is when runners may claim again."""
 
     def __init__(
         self,
         pool: AsyncConnectionPool,
         stmts: _sql.Statements,
         node: str,
-        on_flush: Callable[[set[str]], None] | None = None,
+        on_flush: Callable[[list[Completion]], None] | None = None,
     ) -> None:
         self.pool = pool
         self.stmts = stmts
@@ -131,7 +131,7 @@ class Completer:
                 {"node": self.node},
             )  # fmt: skip
             if self.on_flush is not None:
-                self.on_flush({c.job.queue for c in batch})
+                self.on_flush(batch)
             return
 
     async def _write(self, batch: list[Completion]) -> int:

@@ -5,8 +5,9 @@ The producer wakes when a NOTIFY names its queue, when a slot frees up after a f
 many jobs as there are free slots, so one round trip fills many slots under load.
 
 A queue with a global limit claims through the limiter's count (see `shigoto.limiter`): the
-claim itself takes no more than the room left across all runners. A limited producer is woken
-again when one of its completions is written, since only then does its job stop counting.
+claim itself takes no more than the room left across all runners. Its jobs count until their
+outcome is written, so the runner wakes the queue (by NOTIFY, every runner alike) after that,
+not when a perform ends.
 """
 
 from __future__ import annotations
@@ -122,17 +123,12 @@ class Producer:
 
     def _finished(self, job_id: int) -> None:
         self.running.pop(job_id, None)
-        # Under a global limit the finished job counts until its outcome is written: the claim
-        # comes with `acknowledged`, not now.
+        # Under a global limit the finished job counts until its outcome is written: the wake-up
+        # comes with the NOTIFY sent after that, not now.
         if self._more_waiting and self.global_limit is None:
             self._wake.set()
         if not self.running:
             self._drained.set()
-
-    def acknowledged(self) -> None:
-        """Outcomes of this queue's jobs were written: under a global limit, room may be free."""
-        if self.global_limit is not None and self._claiming:
-            self._wake.set()
 
     def cancel_job(self, job_id: int) -> bool:
         """Cancel the task running `job_id` (its row was already cancelled in the database)."""

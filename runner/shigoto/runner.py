@@ -30,7 +30,7 @@ from shigoto.cron import CronScheduler, Schedule
 from shigoto.cron import store as store_schedules
 from shigoto.elector import Elector
 from shigoto.errors import ConfigurationError, Error, MigrationError
-from shigoto.executor import CALLBACK_THREADS, CALLBACK_TIMEOUT, JobExecutor
+from shigoto.executor import CALLBACK_THREADS, CALLBACK_TIMEOUT, Completion, JobExecutor
 from shigoto.job import Job
 from shigoto.limiter import Limiter, count_busy, limited_claim, lock_scope, scope_key
 from shigoto.migrate import current_version, latest_version, migrate
@@ -140,6 +140,7 @@ class Runner:
         self._executor: JobExecutor | None = None
         self._progress: dict[int, int] = {}  # newest reported percent not yet written, by job
         self._progress_writers: dict[int, asyncio.Task[None]] = {}
+        self._notifying: set[asyncio.Future[None]] = set()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -428,15 +429,31 @@ class Runner:
             await conn.execute(self.stmts.put_back, {"ids": [job.id], "node": self.node})
         return False
 
-    def _acknowledged(self, queues: set[str]) -> None:
-        """Completions of `queues` were written: limited producers may claim again."""
-        for queue in queues:
-            producer = self.producers.get(queue)
-            if producer is not None:
-                producer.acknowledged()
-        if self._worker_limits():
-            for producer in self.producers.values():
-                producer.wake()
+    def _acknowledged(self, batch: list[Completion]) -> None:
+        """Outcomes were written: jobs of limited queues and workers stopped counting, so wake
+        every runner of those queues, this one included, through NOTIFY. Waking only this one
+        would let it take every freed slot before the others even hear of it."""
+        limits = self._worker_limits()
+        queues = sorted({
+            c.job.queue for c in batch
+            if c.job.worker in limits or self._queue_limited(c.job.queue)
+        })  # fmt: skip
+        if queues:
+            task = asyncio.ensure_future(self._notify(queues))
+            self._notifying.add(task)
+            task.add_done_callback(self._notifying.discard)
+
+    def _queue_limited(self, queue: str) -> bool:
+        producer = self.producers.get(queue)
+        return producer is not None and producer.global_limit is not None
+
+    async def _notify(self, queues: list[str]) -> None:
+        assert self._pool is not None
+        try:
+            async with self._pool.connection() as conn:
+                await conn.execute(self.stmts.notify_queues, {"queues": queues})
+        except Exception as exc:  # the producers' poll picks the room up anyway
+            log.debug("could not notify queues %s: %s", queues, exc)
 
     async def _execute_unlimited(self, job: Job) -> None:
         assert self._executor is not None and self._completer is not None

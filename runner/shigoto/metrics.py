@@ -11,7 +11,7 @@ runner's node count, since telemetry subscribers are process-wide.
 | shigoto_jobs_failed_total           | counter   | queue, worker | job.exception (per attempt)|
 | shigoto_jobs_discarded_total        | counter   | queue, worker | job.discard                |
 | shigoto_jobs_snoozed_total          | counter   | queue, worker | job.snooze                 |
-| shigoto_jobs_cancelled_total        | counter   | queue, worker | job.cancel                 |
+| shigoto_jobs_cancelled_total        | counter   | queue, worker | job.cancel (also operator) |
 | shigoto_job_duration_seconds        | histogram | queue, worker | every finished attempt     |
 | shigoto_queue_depth                 | gauge     | queue, state  | the `counts` statement     |
 
@@ -71,7 +71,8 @@ class RunnerMetrics:
         self.discarded = self._counter("discarded", "Jobs discarded: attempts exhausted or "
                                        "discarded on purpose.")  # fmt: skip
         self.snoozed = self._counter("snoozed", "Jobs snoozed (rescheduled, attempt kept).")
-        self.cancelled = self._counter("cancelled", "Jobs cancelled by their worker.")
+        self.cancelled = self._counter("cancelled", "Jobs cancelled by their worker, or while "
+                                       "executing by an operator.")  # fmt: skip
         self.duration = Histogram(
             "shigoto_job_duration_seconds", "Execution time of one attempt, whatever its outcome.",
             JOB_LABELS, buckets=DURATION_BUCKETS, registry=self.registry,

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean images
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,18 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/shigoto bench
+
+# The runner, operator and example images (docs/images.md). On your own base image:
+#   make images PYTHON_IMAGE=registry.internal/python:3.11 DOCKER_BUILD_FLAGS='--network host'
+images: IMAGE_TAG ?= 0.1.0
+images:
+	docker build $(DOCKER_BUILD_FLAGS) $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) \
+		-f Dockerfile.runner -t shigoto-runner:$(IMAGE_TAG) .
+	docker build $(DOCKER_BUILD_FLAGS) $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) \
+		-f Dockerfile.operator -t shigoto-operator:$(IMAGE_TAG) .
+	docker build $(DOCKER_BUILD_FLAGS) --build-arg SHIGOTO_RUNNER_IMAGE=shigoto-runner:$(IMAGE_TAG) \
+		-t shigoto-example:$(IMAGE_TAG) deploy/examples
+	docker image ls --filter 'reference=shigoto-*:$(IMAGE_TAG)'
 
 clean:
 	rm -rf $(VENV) .shigoto dist

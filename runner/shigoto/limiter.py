@@ -15,13 +15,15 @@ rescuer returns its jobs (90 s by default). A row counts while its node *may be 
   (released the instant the process dies), or
 - the node proved itself (`shigoto_nodes.last_seen_at`, refreshed every `PROVE_INTERVAL`)
   within the last `GRACE` seconds, or
-- the server itself started less than `GRACE` seconds ago (every lock went with the restart;
-  each runner gets that long to take its lock again).
+- the server itself started less than `RESTART_GRACE` seconds ago (every lock went with the
+  restart; each runner gets that long to take its lock again).
 
 A runner whose limiter connection was killed keeps proving itself through its pool and takes
 its lock again on reconnect, well within `GRACE`; a SIGKILLed runner's rows stop counting at
-most `GRACE` seconds after its last proof. Only a runner cut off from the database for longer
-than `GRACE` while its jobs still run (a network partition) is counted out too early.
+most `GRACE` seconds after its last proof, so its share of the limit is soon free again. A
+blocked event loop does not matter (the lock stays held); only a runner cut off from the
+database for longer than `GRACE` while its jobs still run (a network partition, or every one of
+its sessions killed and not back within `GRACE`) is counted out too early.
 """
 
 from __future__ import annotations
@@ -41,8 +43,11 @@ log = logging.getLogger("shigoto.limiter")
 
 #: How often (seconds) a runner proves it is alive: liveness lock held, `last_seen_at` fresh.
 PROVE_INTERVAL = 1.0
-#: How long (seconds) the rows of a runner that holds no liveness lock still count.
-GRACE = 10.0
+#: How long (seconds) the rows of a runner that holds no liveness lock still count: a few
+#: proofs, and short, since it is how long a dead runner's share of a limit stays taken.
+GRACE = 3.0
+#: How long (seconds) after the server started every executing row counts.
+RESTART_GRACE = 15.0
 
 # A session advisory lock per node (bigint key, so objsubid 1 in pg_locks): held by the node's
 # limiter connection for as long as the process lives. `_BUSY` computes the same key.
@@ -61,7 +66,7 @@ SELECT {group_by}, count(*) AS busy
 FROM {jobs} AS j LEFT JOIN {nodes} AS n ON n.id = j.attempted_by
 WHERE j.state = 'executing' AND {scope_filter}
   AND (n.last_seen_at > now() - make_interval(secs => %(grace)s)
-       OR pg_postmaster_start_time() > now() - make_interval(secs => %(grace)s)
+       OR pg_postmaster_start_time() > now() - make_interval(secs => %(restart_grace)s)
        OR (((hashtextextended({schema_name} || ':' || j.attempted_by, 0) >> 32)
              & 4294967295)::oid,
            (hashtextextended({schema_name} || ':' || j.attempted_by, 0) & 4294967295)::oid)
@@ -98,7 +103,9 @@ async def count_busy(
     conn: psycopg.AsyncConnection[Any], schema: str, kind: str, names: list[str]
 ) -> dict[str, int]:
     """Executing jobs that count against the limits of `names` (queues or workers)."""
-    cur = await conn.execute(_busy(schema, kind), {"names": names, "grace": GRACE})
+    cur = await conn.execute(
+        _busy(schema, kind), {"names": names, "grace": GRACE, "restart_grace": RESTART_GRACE}
+    )
     return {str(name): int(n) for name, n in await cur.fetchall()}
 
 
@@ -165,5 +172,7 @@ class Limiter(Service):
         await self._drop()
 
 
-__all__ = ["GRACE", "PROVE_INTERVAL", "Limiter", "count_busy", "limited_claim", "lock_scope",
-           "scope_key"]  # fmt: skip
+__all__ = [
+    "GRACE", "PROVE_INTERVAL", "RESTART_GRACE", "Limiter", "count_busy", "limited_claim",
+    "lock_scope", "scope_key",
+]  # fmt: skip

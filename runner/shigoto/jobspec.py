@@ -211,7 +211,10 @@ def _signature_of(worker: FunctionWorker) -> _Params:
 
 @functools.cache
 def _params(fn: Any) -> _Params:
-    sig = inspect.signature(fn)
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # no introspectable signature: accept any keywords
+        return _Params(names=frozenset(), required=(), var_keyword=True, text="(...)")
     kinds = inspect.Parameter
     keyword = [p for p in sig.parameters.values()
                if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)]  # fmt: skip

@@ -270,7 +270,11 @@ def _signature(fn: Callable[..., Any]) -> inspect.Signature:
 def args_misfit(fn: Callable[..., Any], args: dict[str, Any]) -> str | None:
     """Why `fn(**args)` cannot be called (a missing or unknown argument), or None if it can."""
     try:
-        _signature(fn).bind(**args)
+        signature = _signature(fn)
+    except (TypeError, ValueError):
+        return None  # no signature to check against (some builtins and C callables)
+    try:
+        signature.bind(**args)
     except TypeError as exc:
         return str(exc)
     return None

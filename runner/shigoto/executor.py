@@ -138,6 +138,7 @@ class JobExecutor:
         except BaseException as error:
             outcome = _Failure(error)
         finally:
+            self._cancel_requests.pop(job.id, None)  # one that came as the perform ended
             if ctx is not None:
                 ctx._request_cancel()  # the attempt is over, whatever a straggler still does
         duration = time.monotonic() - started

@@ -42,7 +42,7 @@ def database_url(explicit: str | None = None, env: Mapping[str, str] = os.enviro
 def schema(explicit: str | None = None, env: Mapping[str, str] = os.environ) -> str:
     """The schema holding the tables; validated so it can never smuggle SQL."""
     name = explicit or env.get(ENV_SCHEMA) or DEFAULT_SCHEMA
-    if not _SCHEMA_RE.match(name):
+    if not _SCHEMA_RE.fullmatch(name):
         raise ConfigurationError(
             f"{ENV_SCHEMA}: {name!r} is not a plain PostgreSQL identifier; use letters, digits "
             "and underscores, starting with a letter or underscore (at most 63 characters)"
@@ -56,7 +56,7 @@ def queue_name_problem(name: object) -> str | None:
         return f"must be a non-empty string, got {name!r}"
     if len(name) > MAX_QUEUE_NAME:
         return f"must be at most {MAX_QUEUE_NAME} characters, got {len(name)}"
-    if not _QUEUE_NAME_RE.match(name):
+    if not _QUEUE_NAME_RE.fullmatch(name):  # `$` alone would let a trailing newline in
         return (
             f"{name!r} is not a queue name: use letters, digits, '.', '_' and '-', starting "
             "with a letter or digit"

@@ -14,7 +14,7 @@ from shigoto.errors import ConfigurationError
 from tests.integration.test_cli import refused, shigoto_cli
 
 GOOD = ["default", "emails", "a", "0", "billing.eu-1", "Q_2", "q" * 128]
-BAD = ["a b", "-x", ".x", "_x", "emails/eu", "é", "x;y", "q" * 129, ""]
+BAD = ["a b", "-x", ".x", "_x", "emails/eu", "é", "x;y", "emails\n", "q" * 129, ""]
 
 
 @pytest.mark.parametrize("name", GOOD)

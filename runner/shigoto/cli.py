@@ -399,6 +399,12 @@ def _runner(args: argparse.Namespace) -> Any:
 
 def _run(args: argparse.Namespace) -> int:
     runner = _runner(args)
+    if args.no_migrate:
+        # Migrating connects first and fails at once with the server's reason; without it,
+        # the runner's pool would retry for 30 s and then say only that it timed out.
+        from shigoto import database
+
+        psycopg.connect(runner.url, **database.connect_kwargs(runner.url)).close()
     asyncio.run(_serve(runner, args))
     _exit_even_if_threads_linger()
     return 0

@@ -30,7 +30,8 @@ CONNECT_TIMEOUT = 5
 WAIT_TIMEOUT = 5.0
 
 
-def _connect_kwargs(url: str) -> dict[str, Any]:
+def connect_kwargs(url: str) -> dict[str, Any]:
+    """Autocommit, and a connect timeout unless the URL sets one."""
     kwargs: dict[str, Any] = {"autocommit": True}
     if "connect_timeout" not in conninfo_to_dict(url):
         kwargs["connect_timeout"] = CONNECT_TIMEOUT
@@ -40,7 +41,7 @@ def _connect_kwargs(url: str) -> dict[str, Any]:
 def _why_no_connection(url: str, waited: float) -> psycopg.OperationalError:
     """The server's own reason a pool got no connection (it only logs it), or "busy"."""
     try:
-        psycopg.connect(url, **_connect_kwargs(url)).close()
+        psycopg.connect(url, **connect_kwargs(url)).close()
     except psycopg.OperationalError as exc:
         return exc
     return PoolTimeout(
@@ -78,7 +79,7 @@ def sync_pool(url: str) -> ConnectionPool:
     with _lock:
         pool = _sync_pools.get(url)
         if pool is None:
-            kwargs = _connect_kwargs(url)
+            kwargs = connect_kwargs(url)
             psycopg.connect(url, **kwargs).close()
             pool = _ClientPool(
                 url, min_size=1, max_size=CLIENT_POOL_MAX, open=True, name="shigoto-client",
@@ -94,7 +95,7 @@ async def async_pool(url: str) -> AsyncConnectionPool:
     pools = _async_pools.setdefault(loop, {})
     pool = pools.get(url)
     if pool is None:
-        kwargs = _connect_kwargs(url)
+        kwargs = connect_kwargs(url)
         await (await psycopg.AsyncConnection.connect(url, **kwargs)).close()
         pool = pools.get(url)  # another task may have opened it while this one connected
         if pool is None:

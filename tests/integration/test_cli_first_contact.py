@@ -84,6 +84,12 @@ def test_database_errors_never_show_the_password() -> None:
     assert "s3cret" not in redact("host=db password='s3cret x' user=app")
 
 
+def test_run_without_migrating_still_gives_the_servers_reason() -> None:
+    url = "postgresql://app:pw@127.0.0.1:1/app"
+    stderr = refused(shigoto_cli(url, "run", "--no-migrate", "--import", WORKERS))
+    assert "Connection refused" in stderr, stderr
+
+
 def test_oversized_args_are_a_validation_error_naming_the_limit(db_url: str) -> None:
     from shigoto.jobspec import MAX_ARGS_BYTES
 

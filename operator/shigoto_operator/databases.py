@@ -8,9 +8,10 @@ reconciled, and is forgotten when the last of them goes. While known it has:
 - a `CountsCache` (one counting query for all its queues, see `dbcounts`),
 - a `shigoto.cron.CronScheduler` gated by its own `Elector`. Runner Deployments may be scaled
   to zero, so the operator enqueues cron slots itself. The lease is named `operator-cron`, not
-  the runners' `leader`: holding the runners' lease would starve their rescuer and pruner. Two operator replicas elect one scheduler per database; and even a
-  runner started with `--cron` next to it cannot double a slot, since each slot's job carries
-  a unique key and the schedule row is locked while it is enqueued.
+  the runners' `leader`: holding the runners' lease would starve their rescuer and pruner.
+  Two operator replicas elect one scheduler per database; and even a runner started with
+  `--cron` next to it cannot double a slot, since each slot's job carries a unique key and the
+  schedule row is locked while it is enqueued.
 """
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ def _string(
         raise SpecError(field, f"must be a string, got {type(value).__name__}")
     if max_length is not None and len(value) > max_length:
         raise SpecError(field, f"must be at most {max_length} characters")
-    if pattern is not None and not pattern.match(value):
+    if pattern is not None and not pattern.fullmatch(value):
         raise SpecError(field, f"{value!r} does not match {pattern.pattern}")
     return value
 

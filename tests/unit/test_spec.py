@@ -124,6 +124,18 @@ def test_parsed_spec_does_not_share_mutable_state_with_the_input() -> None:
         (queue_spec(paused="yes"), "spec.paused", "true or false"),
         (queue_spec(queueName="a,b"), "spec.queueName", "does not match"),
         (queue_spec(queueName="x" * 129), "spec.queueName", "at most 128"),
+        # `$` in a Python pattern also matches before a final newline; the whole value must fit
+        (queue_spec(queueName="mail\n"), "spec.queueName", "does not match"),
+        (
+            queue_spec(database={"secretRef": {"name": "db"}, "migrate": "yes"}),
+            "spec.database.migrate",
+            "true or false",
+        ),
+        (
+            queue_spec(database={"secretRef": {"name": "db"}, "migrationSecretRef": {}}),
+            "spec.database.migrationSecretRef.name",
+            "required",
+        ),
         (
             queue_spec(database={"secretRef": {"name": "db"}, "schema": "bad-schema"}),
             "spec.database.schema",
@@ -247,3 +259,17 @@ def test_pure_operator_modules_import_no_io_library(module: str) -> None:
             if top == "shigoto_operator" and name.count(".") >= 1:
                 sub = name.split(".")[1]
                 assert sub in PURE, f"{module} imports the non-pure shigoto_operator.{sub}"
+
+
+def test_database_migration_settings_are_read() -> None:
+    default = parse_queue("q", "ns", queue_spec()).database
+    assert (default.migrate, default.migration_secret) == (True, None)
+    spec = queue_spec(
+        database={
+            "secretRef": {"name": "db"},
+            "migrate": False,
+            "migrationSecretRef": {"name": "owner"},
+        }
+    )
+    db = parse_queue("q", "ns", spec).database
+    assert (db.migrate, db.migration_secret) == (False, ("owner", "url"))

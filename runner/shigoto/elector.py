@@ -1,7 +1,7 @@
 """Leadership among runners (and operators) through a lease row in `shigoto_leaders`.
 
 A node leads while it holds an unexpired lease and renews it every `interval`; a lease lasts
-`ttl` (five intervals, at least two seconds), so a dead leader is replaced once its lease runs
+`ttl` (five intervals, at least five seconds), so a dead leader is replaced once its lease runs
 out, and a stopping one hands over at once by deleting its row.
 
 Why a row and not a session advisory lock: any role that can connect may take an advisory
@@ -30,6 +30,9 @@ log = logging.getLogger("shigoto.elector")
 
 #: Seconds a connection attempt or one statement may take before the tick counts as failed.
 DB_TIMEOUT = 5.0
+#: Shortest lease: a busy database can take a second or two to commit a renewal, and a lease
+#: that ran out under such a stall would make leadership flap.
+MIN_TTL = 5.0
 
 # Take the lease if it is free, expired or already ours; renew it if ours. No row back means
 # someone else holds a live lease.
@@ -78,7 +81,7 @@ class Elector:
     @property
     def ttl(self) -> float:
         """How long a lease lasts; derived from `interval` (which a runner may set later)."""
-        return self._ttl if self._ttl is not None else max(5 * self.interval, 2.0)
+        return self._ttl if self._ttl is not None else max(5 * self.interval, MIN_TTL)
 
     @property
     def is_leader(self) -> bool:

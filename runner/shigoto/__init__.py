@@ -20,7 +20,7 @@ from shigoto.job import Job, JobState
 from shigoto.migrate import migrate
 from shigoto.operations import cancel_by, health, prune, retry_by, status
 from shigoto.queue_settings import pause_queue, resume_queue, set_queue
-from shigoto.runner import Runner
+from shigoto.runner import Runner, StuckThreadsError
 from shigoto.testing import adrain_queue, drain_queue
 from shigoto.worker import Worker, worker
 
@@ -38,6 +38,7 @@ __all__ = [
     "MigrationError",
     "Runner",
     "Snooze",
+    "StuckThreadsError",
     "UnknownWorkerError",
     "ValidationError",
     "Worker",

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import signal
 import sys
 import threading
@@ -26,6 +25,7 @@ import psycopg
 
 from shigoto import config, embedded, logs
 from shigoto.errors import ConfigurationError, Error, ValidationError
+from shigoto.executor import CALLBACK_TIMEOUT
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DEFAULT_HEALTH_HOST = "0.0.0.0"
@@ -64,6 +64,16 @@ def _port(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def _log_level(text: str) -> str:
     if text.lower() not in LOG_LEVELS:
         raise argparse.ArgumentTypeError(
@@ -95,6 +105,8 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     "prune_after": ("SHIGOTO_PRUNE_AFTER", _age, None),
     "archive_retention": ("SHIGOTO_ARCHIVE_RETENTION", _age, None),
     "no_migrate": ("SHIGOTO_NO_MIGRATE", _flag, False),
+    "max_stuck_threads": ("SHIGOTO_MAX_STUCK_THREADS", _count, None),
+    "callback_timeout": ("SHIGOTO_CALLBACK_TIMEOUT", _seconds, CALLBACK_TIMEOUT),
 }
 
 
@@ -118,27 +130,17 @@ def _env_help(env: str, text: str = "") -> str:
 
 # -- database URL, redaction ----------------------------------------------------------------
 
-_URL_PASSWORD = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@")
-_KEYWORD_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-
 
 def redact(text: str, url: str | None = None) -> str:
-    """`text` with any password in it (URL form, keyword form, or `url`'s own) masked."""
-    text = _URL_PASSWORD.sub(r"\1***@", text)
-    text = _KEYWORD_PASSWORD.sub(r"\1***", text)
-    if url:
-        with contextlib.suppress(psycopg.Error):
-            from psycopg.conninfo import conninfo_to_dict
-
-            password = conninfo_to_dict(url).get("password")
-            if password and len(str(password)) >= 4:
-                text = text.replace(str(password), "***")
-    return text
+    """`text` with any password in it masked (see `shigoto.logs.redact`)."""
+    return logs.redact(text, url)
 
 
 def _database_url(args: argparse.Namespace) -> str:
     if args.database_url:
         from psycopg.conninfo import conninfo_to_dict
+
+        logs.remember_secret(args.database_url)  # masked in every later message and log line
 
         try:
             conninfo_to_dict(args.database_url)
@@ -223,6 +225,16 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--import", action="append", dest="imports",
                    help="module defining workers, repeatable [SHIGOTO_IMPORT]; the current "
                    "directory is on the import path")
+    p.add_argument("--worker-prefix", action="append", dest="worker_prefixes",
+                   metavar="PACKAGE", help="package whose workers may be imported when a job "
+                   "first names them, repeatable [SHIGOTO_WORKER_PREFIXES]; otherwise only "
+                   "--import'ed workers run")  # fmt: skip
+    p.add_argument("--max-stuck-threads", type=_count, help=_env_help(
+        "SHIGOTO_MAX_STUCK_THREADS", "sync performs past their timeout that may still hold a "
+        "thread before the runner drains and exits non-zero (default: total concurrency)"))
+    p.add_argument("--callback-timeout", type=_seconds, help=_env_help(
+        "SHIGOTO_CALLBACK_TIMEOUT", "seconds a worker's backoff or on_discard may take "
+        f"(default {CALLBACK_TIMEOUT:g})"))
     p.add_argument("--health-port", type=_port, help=_env_help(
         "SHIGOTO_HEALTH_PORT", "serve /healthz, /readyz, /metrics on this port (0: any free)"))
     p.add_argument("--health-host", help=_env_help(
@@ -393,6 +405,8 @@ def _runner(args: argparse.Namespace) -> Any:
         shutdown_timeout=args.shutdown_timeout, cron=args.cron is not None,
         cron_schedules=schedules, global_concurrency=limits,
         heartbeat_interval=args.heartbeat_interval, rescue_after=args.rescue_after,
+        worker_prefixes=config.worker_prefixes(args.worker_prefixes),
+        max_stuck_threads=args.max_stuck_threads, callback_timeout=args.callback_timeout,
         **retention,
     )  # fmt: skip
 

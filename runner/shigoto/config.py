@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from shigoto.errors import ConfigurationError
+from shigoto.errors import ConfigurationError, ValidationError
 
 ENV_DATABASE_URL = "SHIGOTO_DATABASE_URL"
 ENV_SCHEMA = "SHIGOTO_SCHEMA"
 ENV_QUEUES = "SHIGOTO_QUEUES"
 ENV_IMPORT = "SHIGOTO_IMPORT"
+ENV_WORKER_PREFIXES = "SHIGOTO_WORKER_PREFIXES"
 
 DEFAULT_SCHEMA = "public"
 DEFAULT_QUEUES = {"default": 10}
@@ -106,6 +107,23 @@ def imports_from_env(env: Mapping[str, str] = os.environ) -> list[str]:
     return [m.strip() for m in env.get(ENV_IMPORT, "").split(",") if m.strip()]
 
 
+def worker_prefixes(
+    explicit: Iterable[str] | None = None, env: Mapping[str, str] = os.environ
+) -> tuple[str, ...]:
+    """Packages whose workers a runner may import on first use (`--worker-prefix`), else
+    SHIGOTO_WORKER_PREFIXES (comma separated), else none: only `--import`ed workers run."""
+    from shigoto.worker import normalise_prefixes
+
+    if explicit is None:
+        explicit = env.get(ENV_WORKER_PREFIXES, "").split(",")
+    try:
+        return normalise_prefixes(explicit)
+    except ValidationError as exc:
+        raise ConfigurationError(
+            f"{ENV_WORKER_PREFIXES} / --worker-prefix: {exc.message}"
+        ) from None
+
+
 @dataclass(frozen=True, slots=True)
 class RunnerSettings:
     """How a runner behaves; the defaults are what production wants."""
@@ -134,6 +152,9 @@ class RunnerSettings:
     """Upper bound on one claim, whatever the free capacity."""
     sync_threads: int | None = None
     """Thread pool size for sync workers; default: the sum of queue concurrencies."""
+    worker_prefixes: tuple[str, ...] | None = None
+    """Packages whose workers may be imported when a job first names them (on a thread);
+    None: SHIGOTO_WORKER_PREFIXES. Other workers must be registered by `imports`."""
 
     def __post_init__(self) -> None:
         positive = ("poll_interval", "stage_interval", "shutdown_timeout", "heartbeat_interval",

@@ -17,6 +17,12 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
+from shigoto import logs
+
+# psycopg's pool logs its connection errors, which quote a malformed conninfo string (a
+# Secret's value); mask passwords there for every user of Shigoto, not only the CLI.
+logs.install_redaction()
+
 _lock = threading.Lock()
 _sync_pools: dict[str, ConnectionPool] = {}
 _async_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncConnectionPool]]
@@ -32,6 +38,7 @@ WAIT_TIMEOUT = 5.0
 
 def connect_kwargs(url: str) -> dict[str, Any]:
     """Autocommit, and a connect timeout unless the URL sets one."""
+    logs.remember_secret(url)
     kwargs: dict[str, Any] = {"autocommit": True}
     if "connect_timeout" not in conninfo_to_dict(url):
         kwargs["connect_timeout"] = CONNECT_TIMEOUT

@@ -33,8 +33,9 @@ class UnknownWorkerError(Error):
 
     def __init__(self, name: str) -> None:
         super().__init__(
-            f"unknown worker {name}: import the module that defines it "
-            "(SHIGOTO_IMPORT / --import) or check the name the job was enqueued with"
+            f"unknown worker {name}: not registered in this runner; add its module to "
+            "--import (SHIGOTO_IMPORT), or allow its package with --worker-prefix "
+            "(SHIGOTO_WORKER_PREFIXES), or check the name the job was enqueued with"
         )
         self.name = name
 

@@ -17,11 +17,17 @@ runner's node count, since telemetry subscribers are process-wide.
 
 A job whose last attempt fails counts once as failed and once as discarded: the two count
 different things (failed attempts, jobs given up on).
+
+Label values come from job rows, which anyone allowed to enqueue writes; left alone, 5,000
+made-up worker names and 2,000 unserved queues grew /metrics to megabytes that never shrank.
+So only workers registered in this process and queues this runner serves get a label of their
+own; every other name is counted under `OTHER` (`_other`, which no queue name can be), and a
+queue the runner stops serving loses its depth series.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from prometheus_client import (
@@ -56,13 +62,28 @@ _OUTCOME_COUNTERS = {
 }
 
 JOB_LABELS = ("queue", "worker")
+#: The label of every queue or worker this runner does not know (see the module docstring).
+OTHER = "_other"
+
+Names = Callable[[], Collection[str]]
 
 
 class RunnerMetrics:
     """The metrics of the runner whose node id is `node`, in a registry of their own."""
 
-    def __init__(self, node: str, *, process_metrics: bool = True) -> None:
+    def __init__(
+        self,
+        node: str,
+        *,
+        process_metrics: bool = True,
+        queues: Names | None = None,
+        workers: Names | None = None,
+    ) -> None:
+        """`queues` and `workers` give the names that may be labels (the runner's served queues
+        and registered workers); None lets every name through, for a caller that vets them."""
         self.node = node
+        self._queues = queues
+        self._workers = workers
         self.registry = CollectorRegistry(auto_describe=True)
         self._handle: int | None = None
         self._depth_keys: set[tuple[str, str]] = set()
@@ -107,25 +128,42 @@ class RunnerMetrics:
         if metadata.get("node") != self.node or event not in _OUTCOME_COUNTERS:
             return
         job = metadata["job"]
-        labels = (job.queue, job.worker)
+        labels = (self._label(job.queue, self._queues), self._label(job.worker, self._workers))
         getattr(self, _OUTCOME_COUNTERS[event]).labels(*labels).inc()
         if _ends_attempt(event, metadata):
             self.duration.labels(*labels).observe(float(measurements.get("duration") or 0.0))
+
+    @staticmethod
+    def _label(name: str, known: Names | None) -> str:
+        return name if known is None or name in known() else OTHER
 
     # -- queue depth ----------------------------------------------------------------------
 
     def set_depth(self, rows: Iterable[tuple[str, str, int]]) -> None:
         """Record (queue, state, count) rows; a pair absent from `rows` drops to 0.
 
-        Every state of every queue seen so far is exported, zeros included, so a dashboard
-        sees a queue empty out instead of a series that silently stops.
+        Every state of every served queue is exported, zeros included, so a dashboard sees a
+        queue empty out instead of a series that silently stops; other queues add up under
+        `OTHER`, and a queue no longer served loses its series.
         """
-        counts = {(queue, str(state)): int(count) for queue, state, count in rows}
+        counts: dict[tuple[str, str], int] = {}
+        for queue, state, count in rows:
+            key = (self._label(queue, self._queues), str(state))
+            counts[key] = counts.get(key, 0) + int(count)
         queues = {queue for queue, _ in counts} | {queue for queue, _ in self._depth_keys}
         for queue in queues:
+            if queue != OTHER and self._label(queue, self._queues) == OTHER:
+                self._forget_depth(queue)
+                continue
             for state in JobState:
                 self._depth_keys.add((queue, state.value))
                 self.depth.labels(queue, state.value).set(counts.get((queue, state.value), 0))
+
+    def _forget_depth(self, queue: str) -> None:
+        for state in JobState:
+            if (queue, state.value) in self._depth_keys:
+                self._depth_keys.discard((queue, state.value))
+                self.depth.remove(queue, state.value)
 
     async def refresh_depth(self, pool: AsyncConnectionPool, stmts: _sql.Statements) -> None:
         """Query the counts by queue and state and publish them."""
@@ -150,4 +188,4 @@ def _ends_attempt(event: str, metadata: dict[str, Any]) -> bool:
     return True
 
 
-__all__ = ["DURATION_BUCKETS", "RunnerMetrics"]
+__all__ = ["DURATION_BUCKETS", "OTHER", "RunnerMetrics"]

@@ -33,8 +33,17 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from shigoto._service import Service
 from shigoto.metrics import RunnerMetrics
 from shigoto.migrate import current_version, latest_version
+from shigoto.worker import registered_names
 
 log = logging.getLogger("shigoto.probes")
+
+#: The Python API listens on this machine only; `shigoto run` listens on every interface by
+#: default (kubelet probes and Prometheus reach a pod by its IP) unless --health-host says so.
+DEFAULT_HOST = "127.0.0.1"
+#: Seconds a connection may take to send its request (and to read the answer).
+REQUEST_TIMEOUT = 5.0
+#: Connections served at once; probes and a scraper need a handful.
+MAX_CONNECTIONS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +116,23 @@ class ReadinessProbe(Service):
             async with asyncio.timeout(self.timeout), pool.connection(timeout=self.timeout) as conn:
                 return await probe_database(conn, self.runner.schema, self.want)
         except Exception as exc:
-            return Readiness(False, f"database unreachable: {type(exc).__name__}: {exc}")
+            # /readyz answers anyone who can reach the port: say only what kind of trouble
+            # it is. The server's own text (hosts, roles, a conninfo) goes to the log.
+            reason = failure_class(exc)
+            if reason != self.result.reason:
+                log.warning("readiness: %s: %s: %s", reason, type(exc).__name__, exc)
+            return Readiness(False, reason)
+
+
+def failure_class(exc: BaseException) -> str:
+    """A short, fixed description of why the database check failed."""
+    if isinstance(exc, TimeoutError | psycopg.OperationalError):
+        return "database unreachable"  # PoolTimeout is an OperationalError too
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return "database refused access"
+    if isinstance(exc, psycopg.Error):
+        return "database error"
+    return "readiness check failed"
 
 
 class DepthPoller(Service):
@@ -136,19 +161,26 @@ class HealthServer:
         self,
         runner: Any,
         port: int,
-        host: str = "0.0.0.0",
+        host: str = DEFAULT_HOST,
         *,
         stall_after: float = 10.0,
         tick_interval: float = 1.0,
         probe_interval: float = 5.0,
         probe_timeout: float = 5.0,
         depth_interval: float = 5.0,
+        request_timeout: float = REQUEST_TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.runner = runner
         self.host = host
         self.port = port
         self.stall_after = stall_after
-        self.metrics = RunnerMetrics(runner.node)
+        self.request_timeout = request_timeout
+        self.max_connections = max_connections
+        # Labels only for what this runner knows: job rows cannot grow /metrics without bound.
+        self.metrics = RunnerMetrics(
+            runner.node, queues=lambda: runner.queues, workers=registered_names
+        )
         self.ticker = Ticker(tick_interval)
         self.readiness = ReadinessProbe(runner, probe_interval, probe_timeout)
         self.depth = DepthPoller(runner, self.metrics, depth_interval)
@@ -158,9 +190,10 @@ class HealthServer:
 
     async def start(self) -> None:
         """Bind, serve in a daemon thread, and start the loop tasks that feed the answers."""
-        self._httpd = ThreadingHTTPServer((self.host, self.port), _handler_for(self))
+        self._httpd = _BoundedHTTPServer(
+            (self.host, self.port), _handler_for(self), self.max_connections
+        )
         self.metrics.attach()  # after the bind: a port in use must not leave a subscriber behind
-        self._httpd.daemon_threads = True
         self.port = int(self._httpd.server_address[1])
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, name="shigoto-health", daemon=True
@@ -216,11 +249,44 @@ class HealthServer:
         return 200, {"status": "ready", "reason": result.reason}
 
 
+class _BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, but at most `max_connections` at once: past the cap a new
+    connection is closed at once instead of getting a thread. With the handler's socket
+    timeout, slow or half-sent requests can hold only a bounded number of threads, briefly."""
+
+    daemon_threads = True
+
+    def __init__(
+        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int
+    ) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(max_connections)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            log.debug("health server: %d connections open, refusing %s",
+                      self._slots._initial_value, client_address)  # type: ignore[attr-defined]  # fmt: skip
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 def _handler_for(server: HealthServer) -> type[BaseHTTPRequestHandler]:
     """A request handler class bound to `server` (http.server instantiates it per request)."""
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "shigoto-health"
+        timeout = server.request_timeout  # the socket's: a stalled client frees its thread
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
@@ -252,4 +318,4 @@ def _handler_for(server: HealthServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-__all__ = ["HealthServer", "Readiness", "probe_database"]
+__all__ = ["HealthServer", "Readiness", "failure_class", "probe_database"]

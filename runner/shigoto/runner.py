@@ -42,7 +42,7 @@ from shigoto.queue_settings import QueueSetting, QueueSettingsWatcher, write_lim
 from shigoto.rescuer import Rescuer
 from shigoto.stager import Stager
 from shigoto.threads import Threads
-from shigoto.worker import lookup, registered
+from shigoto.worker import WorkerResolver, registered
 
 log = logging.getLogger("shigoto.runner")
 
@@ -194,8 +194,11 @@ class Runner:
         self._threads = Threads("shigoto-worker")
         self._callbacks = Threads("shigoto-callback", max_threads=CALLBACK_THREADS)
         self._completer = Completer(pool, self.stmts, self.node, on_flush=self._acknowledged)
+        # Workers come from the registry (or allowed prefixes), never from job rows alone.
+        self._resolver = WorkerResolver(config.worker_prefixes(s.worker_prefixes))
         self._executor = JobExecutor(
-            node=self.node, resolve=lookup, threads=self._threads, progress=self._report_progress,
+            node=self.node, resolve=self._resolver, threads=self._threads,
+            progress=self._report_progress,
             callbacks=self._callbacks, callback_timeout=self.callback_timeout,
             traceback_level=self.traceback_level,
         )  # fmt: skip
@@ -412,6 +415,7 @@ class Runner:
         return sorted(name for name, limit in limits.items() if busy.get(name, 0) >= limit)
 
     async def _execute(self, job: Job) -> None:
+        await self._resolver.prepare(job.worker)  # an allowed lazy import: on a thread
         limit = self._worker_limits().get(job.worker)
         if limit is not None and not await self._admit(job, limit):
             return
@@ -531,7 +535,10 @@ class Runner:
                 job_id = int(rest)
             except ValueError:
                 return
-            self._cancel_executing(job_id)
+            if any(job_id in p.running for p in self.producers.values()):
+                task = asyncio.ensure_future(self._cancel_if_cancelled(job_id))
+                self._notifying.add(task)
+                task.add_done_callback(self._notifying.discard)
         elif channel == rescuer.DISCARD_CHANNEL:
             try:
                 job_id = int(rest)
@@ -539,6 +546,20 @@ class Runner:
                 return
             task = asyncio.ensure_future(self._pending_discards([job_id], announce=False))
             task.add_done_callback(_log_failed_discard)
+
+    async def _cancel_if_cancelled(self, job_id: int) -> None:
+        """A cancel NOTIFY is only a hint: any role that can connect may send one. Stop the
+        job only if its row says `cancelled`, as `cancel_by` (holding UPDATE) leaves it."""
+        assert self._pool is not None
+        try:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(_sql.compose(_JOB_STATE, self.schema), {"id": job_id})
+                found = await cur.fetchone()
+        except Exception as exc:  # the job runs on; its completion is guarded anyway
+            log.warning("could not check the cancel of job %s: %s", job_id, exc)
+            return
+        if found is not None and found[0] == "cancelled":
+            self._cancel_executing(job_id)
 
     def _cancel_executing(self, job_id: int) -> None:
         """An operator cancelled `job_id` (its row is cancelled already): stop it if it runs
@@ -554,6 +575,10 @@ class Runner:
     @property
     def executing_count(self) -> int:
         return sum(len(p.running) for p in self.producers.values())
+
+
+#: The state of one job, read before acting on a cancel notification.
+_JOB_STATE = "SELECT state FROM {jobs} WHERE id = %(id)s"
 
 
 def _log_failed_discard(task: asyncio.Future[None]) -> None:

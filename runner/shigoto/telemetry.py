@@ -10,7 +10,7 @@ subscriber that raises is logged and skipped: telemetry must never break job pro
 | job.exception   | duration, queue_time             | job, node, error, kind (failure|timeout) |
 | job.discard     | duration                         | job, node, error                         |
 | job.snooze      | duration, snooze                 | job, node                                |
-| job.cancel      | duration                         | job, node, reason                        |
+| job.cancel      | duration                         | job, node, reason, source (see below)    |
 | producer.claim  | duration, count, requested       | queue, node                              |
 | stager.stage    | duration, count                  | queues, node                             |
 | pruner.prune    | duration, archived, deleted      | node                                     |
@@ -20,6 +20,10 @@ subscriber that raises is logged and skipped: telemetry must never break job pro
 | rescuer.rescue  | count                            | node, job_ids                            |
 | queue.pause     | (none)                           | queue, schema                            |
 | queue.resume    | (none)                           | queue, schema                            |
+
+`job.cancel` carries `source: "operator"` when the job was cancelled from outside while it
+executed (`shigoto cancel`, `cancel_by`; the runner checked the row is cancelled first); a
+worker's own `Cancel` outcome has no `source` key.
 """
 
 from __future__ import annotations

@@ -6,13 +6,14 @@ them alike. Services enqueue by name and never need to import worker code.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib
 import inspect
 import logging
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, ClassVar, overload
 
 from shigoto.backoff import default_backoff
@@ -288,13 +289,57 @@ def register(w: Worker) -> None:
         _registry[w.name] = w
 
 
-def lookup(name: str) -> Worker:
-    """The registered worker called `name`, importing its module by dotted path if needed."""
+def lookup(name: str, prefixes: Iterable[str] = ()) -> Worker:
+    """The registered worker called `name`.
+
+    A job row is data anyone with INSERT on the table can write, so its worker name alone
+    never makes this process import anything: workers come from the registry, filled by the
+    modules given to `--import` / SHIGOTO_IMPORT (and whatever those import). Only a name under
+    one of `prefixes` (packages the operator allowed with `--worker-prefix`) may import its
+    module here; this import is blocking, so the runner calls it on a thread
+    (`WorkerResolver.prepare`).
+    """
     found = _registry.get(name)
     if found is not None:
         return found
+    allowed = normalise_prefixes(prefixes)
+    if allowed and _allowed(name, allowed):
+        _import_for(name, allowed)
+        found = _registry.get(name)
+        if found is not None:
+            return found
+    raise UnknownWorkerError(name)
+
+
+def normalise_prefixes(prefixes: Iterable[str]) -> tuple[str, ...]:
+    """Package prefixes as `--worker-prefix` takes them (`myapp`, `myapp.jobs.`), validated:
+    each one a dotted name of identifiers, so a prefix never widens to "everything"."""
+    cleaned = []
+    for raw in prefixes:
+        prefix = raw.strip().rstrip(".")
+        if not prefix:
+            continue
+        if not all(part.isidentifier() for part in prefix.split(".")):
+            raise ValidationError(
+                "worker_prefixes", f"{raw!r} is not a dotted package name such as myapp.jobs"
+            )
+        cleaned.append(prefix)
+    return tuple(cleaned)
+
+
+def _allowed(name: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether `name` lies inside one of `prefixes` (by whole dotted parts, never `__main__`)."""
+    if "__main__" in name.split("."):
+        return False  # running a package's __main__ is never what a worker name means
+    return any(name.startswith(prefix + ".") for prefix in prefixes)
+
+
+def _import_for(name: str, prefixes: tuple[str, ...]) -> None:
+    """Import the longest dotted prefix of `name` that is a module inside `prefixes`."""
     module_name, _, _ = name.rpartition(".")
-    while module_name:
+    while module_name and any(
+        module_name == p or module_name.startswith(p + ".") for p in prefixes
+    ):
         try:
             importlib.import_module(module_name)
         except ImportError as exc:
@@ -306,11 +351,42 @@ def lookup(name: str) -> Worker:
                 ) from exc
             module_name, _, _ = module_name.rpartition(".")
             continue
-        break
-    found = _registry.get(name)
-    if found is None:
+        return
+
+
+class WorkerResolver:
+    """The runner's worker resolution: `resolver(name)` answers from the registry only (it
+    runs on the event loop), and `await resolver.prepare(name)` first imports the module of a
+    name under an allowed prefix on a thread, so import-time code never blocks the loop."""
+
+    def __init__(self, prefixes: Iterable[str] = ()) -> None:
+        self.prefixes = normalise_prefixes(prefixes)
+        #: The import error of a name under an allowed prefix, reported instead of "unknown
+        #: worker" (a missing dependency is what the user needs to see); bounded by real
+        #: modules, since a name that imports nothing records nothing.
+        self._failures: dict[str, ImportError] = {}
+
+    def __call__(self, name: str) -> Worker:
+        found = _registry.get(name)
+        if found is not None:
+            return found
+        failure = self._failures.get(name)
+        if failure is not None:
+            raise failure
         raise UnknownWorkerError(name)
-    return found
+
+    async def prepare(self, name: str) -> None:
+        """Import the module of `name` on a thread if it may be and is not registered yet.
+
+        Failures are left for `__call__` (through the executor) to report as the attempt's
+        error, so this never raises for an unknown or broken worker.
+        """
+        if name in _registry or not self.prefixes or not _allowed(name, self.prefixes):
+            return
+        try:
+            await asyncio.to_thread(_import_for, name, self.prefixes)
+        except ImportError as exc:
+            self._failures[name] = exc
 
 
 def _is_missing(exc: ImportError, module_name: str) -> bool:
@@ -319,6 +395,11 @@ def _is_missing(exc: ImportError, module_name: str) -> bool:
     if not isinstance(exc, ModuleNotFoundError) or not missing:
         return False
     return module_name == missing or module_name.startswith(missing + ".")
+
+
+def registered_names() -> Collection[str]:
+    """The registered names, as a live view (no copy: metrics ask on every job event)."""
+    return _registry.keys()
 
 
 def registered() -> dict[str, Worker]:

@@ -14,7 +14,7 @@ from shigoto.worker import lookup
 
 def test_an_import_error_inside_the_worker_module_is_reported_as_such() -> None:
     with pytest.raises(ImportError) as raised:
-        lookup("tests.support.engine_broken.never")
+        lookup("tests.support.engine_broken.never", prefixes=["tests.support"])
     message = str(raised.value)
     assert "tests.support.engine_broken" in message
     assert "No module named 'shigoto_no_such_dependency'" in message
@@ -23,9 +23,9 @@ def test_an_import_error_inside_the_worker_module_is_reported_as_such() -> None:
 
 def test_a_module_that_does_not_exist_is_still_an_unknown_worker() -> None:
     with pytest.raises(UnknownWorkerError, match=r"unknown worker no_such_pkg\.mod\.fn"):
-        lookup("no_such_pkg.mod.fn")
+        lookup("no_such_pkg.mod.fn", prefixes=["no_such_pkg"])
     with pytest.raises(UnknownWorkerError):
-        lookup("tests.support.no_such_module.fn")
+        lookup("tests.support.no_such_module.fn", prefixes=["tests.support"])
 
 
 def _in_main(fn: Any) -> Any:

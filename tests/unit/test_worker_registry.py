@@ -177,7 +177,7 @@ def test_unknown_worker_in_an_unimportable_module() -> None:
         lookup("no_such_pkg.mod.fn")
 
 
-def test_lookup_imports_the_module_named_by_the_worker(
+def test_lookup_imports_only_under_an_allowed_prefix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     package = tmp_path / "lazy_pkg_for_lookup"
@@ -195,7 +195,10 @@ def test_lookup_imports_the_module_named_by_the_worker(
     monkeypatch.syspath_prepend(str(tmp_path))
     assert "lazy_pkg_for_lookup.jobs" not in sys.modules
     try:
-        found = lookup("lazy_pkg_for_lookup.jobs.job")
+        with pytest.raises(shigoto.UnknownWorkerError):
+            lookup("lazy_pkg_for_lookup.jobs.job")  # a name alone never imports
+        assert "lazy_pkg_for_lookup.jobs" not in sys.modules
+        found = lookup("lazy_pkg_for_lookup.jobs.job", prefixes=["lazy_pkg_for_lookup"])
         assert found.call({"n": 1}) == 2
         assert "lazy_pkg_for_lookup.jobs" in sys.modules
     finally:

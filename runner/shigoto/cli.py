@@ -523,6 +523,7 @@ def _status(args: argparse.Namespace) -> int:
 
 def _render_settings(st: Any) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="queue settings")
@@ -530,7 +531,7 @@ def _render_settings(st: Any) -> None:
         table.add_column(name)
     for queue, setting in sorted(st.settings.items()):
         limit = setting["global_concurrency"]
-        table.add_row(queue, "PAUSED" if setting["paused"] else "no",
+        table.add_row(escape(queue), "PAUSED" if setting["paused"] else "no",
                       "-" if limit is None else str(limit))  # fmt: skip
     Console(width=max(Console().width, 60)).print(table)
 

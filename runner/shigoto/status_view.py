@@ -1,12 +1,25 @@
-"""Terminal rendering of `shigoto status` with rich."""
+"""Terminal rendering of `shigoto status` with rich.
+
+Every value shown comes from the database (queue, worker, node and cron names, times), where
+anyone allowed to write rows put it; rich would read `[/]` or `[link=...]` in it as markup, so
+each one is escaped (`_cell`) before it reaches a table.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from shigoto.job import JobState
 from shigoto.operations import Status
+
+
+def _cell(value: Any) -> str:
+    """A database value as literal table text, never as rich markup."""
+    return escape(str(value))
 
 
 def status_table(st: Status) -> Table:
@@ -18,7 +31,7 @@ def status_table(st: Status) -> Table:
     for queue in sorted(st.counts):
         age = st.oldest_available_age.get(queue)
         table.add_row(
-            queue,
+            _cell(queue),
             *(str(st.counts[queue].get(s.value, 0)) for s in JobState),
             f"{age:.1f}s" if age is not None else "-",
         )
@@ -31,7 +44,8 @@ def nodes_table(st: Status) -> Table:
         table.add_column(name)
     for node in st.nodes:
         queues = ", ".join(f"{q}={c}" for q, c in node["queues"].items())
-        table.add_row(node["id"], queues, node["started_at"], f"{node['silent_for']:.0f}s ago")
+        table.add_row(_cell(node["id"]), _cell(queues), _cell(node["started_at"]),
+                      f"{node['silent_for']:.0f}s ago")  # fmt: skip
     return table
 
 
@@ -41,9 +55,9 @@ def cron_table(st: Status) -> Table:
         table.add_column(name)
     for entry in st.cron:
         table.add_row(
-            entry["name"], f"{entry['schedule']} ({entry['timezone']})", entry["worker"],
-            entry["queue"], "yes" if entry["enabled"] else "no", entry["last_slot_at"] or "-",
-            entry["next_slot_at"] or "-",
+            _cell(entry["name"]), _cell(f"{entry['schedule']} ({entry['timezone']})"),
+            _cell(entry["worker"]), _cell(entry["queue"]), "yes" if entry["enabled"] else "no",
+            _cell(entry["last_slot_at"] or "-"), _cell(entry["next_slot_at"] or "-"),
         )  # fmt: skip
     return table
 

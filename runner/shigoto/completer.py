@@ -2,8 +2,18 @@
 
 Executors hand completions over without waiting; one writer task sends whatever accumulated
 while its previous write was in flight, so the batch size follows the load. A write that fails
-(connection killed, server restarting) is retried with backoff and never dropped; the guarded
-UPDATE makes a repeated write harmless.
+(connection killed, server restarting, a write past `WRITE_TIMEOUT`) is retried with backoff and
+never dropped; the guarded UPDATE makes a repeated write harmless.
+
+One bad outcome must not block the others: a batch the database refuses for a reason that is
+not the connection's (a value jsonb rejects, a CHECK constraint) is retried only
+`MAX_REFUSALS` times, then written row by row, so only the offending job is affected. That job
+is written again without its result, with an error saying why; if even that is refused, it is
+left executing for the rescuer (by attempt age) and the completer moves on.
+
+The backlog is bounded: past `max_backlog` waiting completions, producers stop claiming until
+the writer catches up (`wait_for_room`), so a database that accepts nothing cannot make a
+runner claim jobs whose outcomes pile up in memory.
 """
 
 from __future__ import annotations
@@ -14,10 +24,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from shigoto import _sql, telemetry
-from shigoto.executor import Completion
+from shigoto.executor import Completion, unstorable
 from shigoto.job import JobState
 
 log = logging.getLogger("shigoto.completer")
@@ -25,6 +36,24 @@ log = logging.getLogger("shigoto.completer")
 MAX_BATCH = 2000
 RETRY_INITIAL = 0.1
 RETRY_MAX = 5.0
+#: Seconds one batch write may take before it counts as failed (and is retried like a lost
+#: connection): a hung statement must not stop every later acknowledgement.
+WRITE_TIMEOUT = 30.0
+#: Tries of a batch the database refuses (not a connection problem) before it is split.
+MAX_REFUSALS = 3
+#: Completions waiting to be written before producers stop claiming.
+MAX_BACKLOG = 4 * MAX_BATCH
+
+
+class RefusedError(Exception):
+    """The database refused a batch `MAX_REFUSALS` times for a reason retrying will not fix."""
+
+
+def is_transient(error: BaseException) -> bool:
+    """Connection-level failures (lost session, server restarting, pool exhausted, a write
+    past its deadline) heal on their own and are retried for as long as it takes; anything
+    else (bad data, a constraint) would fail the same way every time."""
+    return isinstance(error, psycopg.OperationalError | psycopg.InterfaceError | TimeoutError)
 
 
 def batch_params(batch: list[Completion], node: str) -> dict[str, Any]:
@@ -71,25 +100,49 @@ class Completer:
         stmts: _sql.Statements,
         node: str,
         on_flush: Callable[[list[Completion]], None] | None = None,
+        max_backlog: int = MAX_BACKLOG,
+        write_timeout: float = WRITE_TIMEOUT,
     ) -> None:
         self.pool = pool
         self.stmts = stmts
         self.node = node
         self.on_flush = on_flush
+        self.max_backlog = max_backlog
+        self.write_timeout = write_timeout
         self._pending: list[Completion] = []
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._room = asyncio.Event()
+        self._room.set()
         self._stopping = False
 
     def submit(self, completion: Completion) -> None:
+        """Never waits: the attempt is over and its outcome must not be lost. The bound is
+        kept by the producers instead, which wait for room before claiming."""
         self._pending.append(completion)
         self._idle.clear()
         self._ready.set()
+        if self.full:
+            self._room.clear()
 
     @property
     def backlog(self) -> int:
         return len(self._pending)
+
+    @property
+    def full(self) -> bool:
+        return len(self._pending) >= self.max_backlog
+
+    async def wait_for_room(self) -> None:
+        """Return once the backlog is below `max_backlog` (at once if it is)."""
+        while self.full:
+            self._room.clear()
+            await self._room.wait()
+
+    def _taken(self) -> None:
+        if not self.full:
+            self._room.set()
 
     async def run(self) -> None:
         """Write batches until stopped and drained."""
@@ -103,23 +156,65 @@ class Completer:
                 continue
             batch = self._pending[:MAX_BATCH]
             del self._pending[:MAX_BATCH]
+            self._taken()
+            await self._flush(batch)
+
+    async def _flush(self, batch: list[Completion]) -> None:
+        """Write `batch`; if the database keeps refusing it, row by row, then salvage the
+        rows it still refuses."""
+        try:
             await self._write_with_retry(batch)
+        except RefusedError as exc:
+            if len(batch) > 1:
+                log.warning("a batch of %d completions was refused (%s); writing them one "
+                            "by one", len(batch), exc.__cause__,
+                            extra={"node": self.node})  # fmt: skip
+                for completion in batch:
+                    await self._flush([completion])
+                return
+            await self._salvage(batch[0], exc)
+
+    async def _salvage(self, completion: Completion, refused: RefusedError) -> None:
+        """Write the outcome of a job whose row the database refused without its result, with
+        an error saying why; if that is refused too, leave the job for the rescuer."""
+        job = completion.job
+        fallback = unstorable(completion, f"result not storable: {refused.__cause__}")
+        try:
+            await self._write_with_retry([fallback])
+        except RefusedError as again:
+            log.error(
+                "could not record the outcome of job %s (%s) at all: %s; it stays executing "
+                "until the rescuer returns it", job.id, job.worker, again.__cause__,
+                extra={"node": self.node, "job_id": job.id, "worker": job.worker},
+            )  # fmt: skip
+            return
+        log.warning("job %s (%s): its outcome was refused by the database (%s); recorded "
+                    "without its result", job.id, job.worker, refused.__cause__,
+                    extra={"node": self.node, "job_id": job.id, "worker": job.worker})  # fmt: skip
 
     async def _write_with_retry(self, batch: list[Completion]) -> None:
+        """Retry transient failures for as long as they last; raise `RefusedError` after
+        `MAX_REFUSALS` failures of any other kind."""
         delay = RETRY_INITIAL
-        attempt = 0
+        attempt = refusals = 0
         while True:
             attempt += 1
             started = time.monotonic()
             try:
-                acknowledged = await self._write(batch)
+                async with asyncio.timeout(self.write_timeout):
+                    acknowledged = await self._write(batch)
             except Exception as exc:
                 telemetry.emit(
                     "completer.error", {"attempt": attempt}, {"node": self.node, "error": exc}
                 )
+                if not is_transient(exc):
+                    refusals += 1
+                    if refusals >= MAX_REFUSALS:
+                        raise RefusedError(f"refused {refusals} times") from exc
                 log.warning(
                     "could not record %d completions (try %d), retrying in %.1fs: %s",
-                    len(batch), attempt, delay, exc, extra={"node": self.node},
+                    len(batch), attempt, delay, exc or type(exc).__name__,
+                    extra={"node": self.node},
                 )  # fmt: skip
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)

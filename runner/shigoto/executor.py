@@ -18,6 +18,7 @@ import asyncio
 import contextvars
 import json
 import logging
+import re
 import time
 import traceback
 from collections.abc import Callable
@@ -79,17 +80,72 @@ def _clean(text: str) -> str:
     return text.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _result_json(value: Any, job: Job) -> str | None:
+#: Largest result stored, in bytes of JSON: the same bound as args and meta (a CHECK
+#: constraint enforces it in the table).
+MAX_RESULT_BYTES = 16 * 1024 * 1024
+#: A `\u0000` escape that is not itself an escaped backslash followed by "u0000".
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def storable_problem(text: str) -> str | None:
+    """Why jsonb would refuse this JSON text (ASCII-escaped, as `json.dumps` writes it), or
+    None. A refused value would make the database reject its whole acknowledgement batch."""
+    if len(text) > MAX_RESULT_BYTES:
+        return f"it is {len(text)} bytes as JSON, over the limit of {MAX_RESULT_BYTES}"
+    if _NUL_ESCAPE.search(text):
+        return "it contains a NUL character (\\u0000), which PostgreSQL's jsonb rejects"
+    if "\\ud" in text or "\\uD" in text:
+        try:
+            json.dumps(json.loads(text), ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return "it contains a lone surrogate, which PostgreSQL's jsonb rejects"
+    return None
+
+
+def _result_json(value: Any, job: Job) -> tuple[str | None, str | None]:
+    """The result as stored, and why it cannot be (None if it can)."""
     if value is None:
-        return None
+        return None, None
     try:
-        return json.dumps(value, allow_nan=False)
+        text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         log.warning(
             "result of job %s (%s) is not JSON-serialisable and was not stored: %s",
             job.id, job.worker, exc, extra={"job_id": job.id, "worker": job.worker},
         )  # fmt: skip
-        return None
+        return None, None
+    problem = storable_problem(text)
+    if problem is not None:
+        log.warning("result of job %s (%s) not storable: %s", job.id, job.worker, problem,
+                    extra=_fields(job))  # fmt: skip
+        return None, f"result not storable: {problem}"
+    return text, None
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A jsonb value of a claimed row that the runner could not decode (nested deeper than
+    Python's JSON decoder goes). It stands in for the value so the claim that fetched it
+    succeeds; the job it belongs to is then discarded alone, and its co-claimed jobs run."""
+
+    error: str
+
+
+def undecodable_problem(job: Job) -> str | None:
+    """Why `job` cannot run because a column of its row did not decode, or None."""
+    for column in ("args", "meta", "errors"):
+        value = getattr(job, column)
+        if isinstance(value, Undecodable):
+            return f"{column} not decodable: {value.error}"
+    return None
+
+
+def unstorable(completion: Completion, reason: str) -> Completion:
+    """The completion as written when the database refused it: same outcome, no result, and
+    one error entry saying why (it replaces the original entry, which may be what was
+    refused). The perform itself ended; re-running it would repeat its side effects."""
+    entry = {"attempt": completion.job.attempt, "error": _clean(reason), "traceback": ""}
+    return replace(completion, result_json=None, error=entry)
 
 
 class JobExecutor:
@@ -254,7 +310,12 @@ class JobExecutor:
         )
         log.debug("job %s (%s) completed in %.3fs", job.id, job.worker, duration,
                   extra=_fields(job))  # fmt: skip
-        return Completion(job, JobState.COMPLETED, result_json=_result_json(outcome, job))
+        result_json, problem = _result_json(outcome, job)
+        # A result jsonb would refuse is not stored; the job completes (its perform did) with
+        # an error entry that says why its result is missing.
+        entry = None if problem is None else {
+            "attempt": job.attempt, "error": problem, "traceback": ""}  # fmt: skip
+        return Completion(job, JobState.COMPLETED, result_json=result_json, error=entry)
 
     async def _fail(
         self, job: Job, worker: Worker | None, error: BaseException, duration: float

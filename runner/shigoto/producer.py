@@ -8,6 +8,10 @@ A queue with a global limit claims through the limiter's count (see `shigoto.lim
 claim itself takes no more than the room left across all runners. Its jobs count until their
 outcome is written, so the runner wakes the queue (by NOTIFY, every runner alike) after that,
 not when a perform ends.
+
+Before each claim the producer waits for `room` (the completer's backlog below its bound): a
+runner whose outcomes cannot be written claims nothing more, as River's completer makes its
+callers wait.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ CLAIM_RETRY_MAX = 30.0
 
 ClaimFn = Callable[[str, int], Awaitable[list[Job]]]
 ExecuteFn = Callable[[Job], Awaitable[None]]
+RoomFn = Callable[[], Awaitable[None]]
 
 
 class Producer:
@@ -40,8 +45,10 @@ class Producer:
         poll_interval: float,
         claim_batch: int,
         node: str,
+        room: RoomFn | None = None,
     ) -> None:
         self.queue = queue
+        self._room = room
         self.concurrency = concurrency
         self._claim = claim
         self._execute = execute
@@ -58,6 +65,7 @@ class Producer:
         self._more_waiting = False
         self._drained = asyncio.Event()
         self._drained.set()
+        self._stopped = asyncio.Event()
 
     def wake(self) -> None:
         self._wake.set()
@@ -68,6 +76,7 @@ class Producer:
 
     def stop_claiming(self) -> None:
         self._claiming = False
+        self._stopped.set()
         self._wake.set()
 
     async def run(self) -> None:
@@ -77,6 +86,8 @@ class Producer:
                 await asyncio.wait_for(self._wake.wait(), self.poll_interval)
             self._wake.clear()
             if not self._claiming or self.paused or self.wanted == 0:
+                continue
+            if not await self._has_room():
                 continue
             try:
                 jobs = await self._claim_batch()
@@ -92,6 +103,19 @@ class Producer:
             retry = 0.5
             for job in jobs:
                 self._start(job)
+
+    async def _has_room(self) -> bool:
+        """Wait until the completer has room for more outcomes; False if claiming stopped
+        meanwhile (a shutdown must not wait on a database that accepts nothing)."""
+        if self._room is None:
+            return True
+        room = asyncio.ensure_future(self._room())
+        if not room.done():
+            stopped = asyncio.ensure_future(self._stopped.wait())
+            await asyncio.wait({room, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            room.cancel()
+        return self._claiming
 
     @property
     def wanted(self) -> int:

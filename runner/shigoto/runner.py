@@ -348,11 +348,16 @@ class Runner:
             producer.paused = setting.paused
             producer.global_limit = setting.global_concurrency
 
+    async def _completer_room(self) -> None:
+        """Claim only while the completer's backlog is below its bound."""
+        if self._completer is not None:
+            await self._completer.wait_for_room()
+
     def _start_producer(self, queue: str, concurrency: int) -> None:
         producer = Producer(
             queue, concurrency, claim=self._claim, execute=self._execute,
             poll_interval=self.settings.poll_interval, claim_batch=self.settings.claim_batch,
-            node=self.node,
+            node=self.node, room=self._completer_room,
         )  # fmt: skip
         producer.global_limit = self.global_concurrency.get(queue)
         self.producers[queue] = producer

@@ -183,6 +183,9 @@ class JobExecutor:
         worker: Worker | None = None
         ctx: JobContext | None = None
         try:
+            problem = undecodable_problem(job)
+            if problem is not None:
+                raise Discard(problem)  # not even on_discard could be given these args
             worker = self.resolve(job.worker)
             ctx = self._context(job, worker)
             outcome: Any = await self._perform(job, worker, ctx)

@@ -23,6 +23,10 @@ MAX_WORKER_NAME = 255
 #: times; a payload this big belongs in a table or a bucket, with its key in the args. Far
 #: below PostgreSQL's own limits, whose errors would name no field.
 MAX_ARGS_BYTES = 16 * 1024 * 1024
+#: Deepest nesting of objects and lists accepted in args (and meta). PostgreSQL stores far
+#: deeper values, but Python's JSON decoder gives up near 1,000 levels: a job nested that deep
+#: could be inserted and then never decoded by any runner.
+MAX_DEPTH = 64
 INT32 = (-(2**31), 2**31 - 1)
 
 #: Keys an enqueue_many entry (and enqueue's options) may carry.
@@ -72,6 +76,12 @@ def _json_object(field_name: str, value: Any) -> str:
         )
     if not all(isinstance(k, str) for k in value):
         raise ValidationError(field_name, "keys must be strings so they survive JSON unchanged")
+    if _too_deep(value):
+        raise ValidationError(
+            field_name,
+            f"nests objects and lists deeper than {MAX_DEPTH} levels; flatten it, or store it "
+            "elsewhere and pass its key",
+        )
     try:
         # Not ASCII-escaped, so the UTF-8 check below catches lone surrogates (e.g. from
         # os.fsdecode), which jsonb rejects even as \u escapes.
@@ -93,6 +103,21 @@ def _json_object(field_name: str, value: Any) -> str:
     if "\\u0000" in text:
         raise ValidationError(field_name, "contains a NUL character, which PostgreSQL rejects")
     return text
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether `value` nests containers deeper than `MAX_DEPTH`. Iterative, so a value nested
+    deeper than Python's recursion limit is measured too instead of raising RecursionError."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        children = item.values() if isinstance(item, Mapping) else item
+        for child in children:
+            if isinstance(child, Mapping | list | tuple):
+                stack.append((child, depth + 1))
+    return False
 
 
 def _worker_name(worker: Any) -> tuple[str, Worker | None]:

@@ -30,7 +30,13 @@ from shigoto.cron import CronScheduler, Schedule
 from shigoto.cron import store as store_schedules
 from shigoto.elector import Elector
 from shigoto.errors import ConfigurationError, Error, MigrationError
-from shigoto.executor import CALLBACK_THREADS, CALLBACK_TIMEOUT, Completion, JobExecutor
+from shigoto.executor import (
+    CALLBACK_THREADS,
+    CALLBACK_TIMEOUT,
+    Completion,
+    JobExecutor,
+    Undecodable,
+)
 from shigoto.job import Job
 from shigoto.limiter import Limiter, count_busy, limited_claim, lock_scope, scope_key
 from shigoto.migrate import current_version, latest_version, migrate
@@ -49,12 +55,20 @@ log = logging.getLogger("shigoto.runner")
 
 def _loads_json(data: bytes) -> Any:
     """`json.loads`, minus the parser for the `{}` and `[]` most claimed jobs carry (meta,
-    errors): JSON decoding was a measurable share of the claim."""
+    errors): JSON decoding was a measurable share of the claim.
+
+    A value that does not decode (nested deeper than Python's decoder goes) becomes an
+    `Undecodable` instead of failing the fetch: a claim has committed by the time its rows are
+    decoded, so an exception here would strand every job claimed with it. The executor then
+    discards that one job with the reason."""
     if data == b"{}":
         return {}
     if data == b"[]":
         return []
-    return json.loads(data)
+    try:
+        return json.loads(data)
+    except (RecursionError, ValueError) as exc:
+        return Undecodable(f"{type(exc).__name__}: {exc}")
 
 
 async def _configure_connection(conn: psycopg.AsyncConnection[Any]) -> None:

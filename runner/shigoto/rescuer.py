@@ -1,9 +1,20 @@
-"""Returns the jobs of dead runners to the queue. Leader-only.
+"""Returns the jobs of dead runners, and jobs stuck on live ones, to the queue. Leader-only.
 
-A job is stale when it is executing on a node that has not heartbeat for `rescue_after` (or has
-no node row at all) and was claimed longer ago than that too, so a runner that claimed a job a
-moment before registering is never robbed. The attempt stays counted: a job that crashes its
-runner must not be retried forever.
+A job is stale when it is executing and either
+- its node has not heartbeat for `rescue_after` (or has no node row at all), and it was claimed
+  longer ago than that too, so a runner that claimed a job a moment before registering is never
+  robbed; or
+- its attempt is older than its own `timeout` plus `rescue_after`, or older than `stuck_after`
+  when the job leaves its timeout to the worker: a live runner whose put-back failed, whose
+  outcome the database refused, or whose job hung past every deadline keeps heartbeating, and
+  its jobs must not stay executing for as long as the process lives (River rescues the same
+  way). The runner that still runs such a job cannot complete it afterwards: every completion
+  is guarded by state, attempt and node.
+
+The attempt stays counted: a job that crashes its runner must not be retried forever. Whether a
+stale job goes back to `available` or is `discarded` is decided in SQL, from the row alone
+(`attempt >= coalesce(max_attempts, DEFAULT_MAX_ATTEMPTS)`), so the outcome does not depend on
+which runner happens to lead or which workers it imports.
 
 A job discarded here still gets its worker's `on_discard`, exactly once: the rescue marks the row
 `meta.on_discard_pending`, and whichever runner first removes that mark (one guarded UPDATE)
@@ -27,7 +38,7 @@ from psycopg_pool import AsyncConnectionPool
 from shigoto import _sql, telemetry
 from shigoto._service import Service
 from shigoto.job import JOB_COLUMNS, Job
-from shigoto.worker import DEFAULT_MAX_ATTEMPTS, registered
+from shigoto.worker import DEFAULT_MAX_ATTEMPTS
 
 if TYPE_CHECKING:
     from shigoto.executor import JobExecutor
@@ -38,32 +49,48 @@ RESCUE_BATCH = 1000
 #: NOTIFY channel naming rescued jobs whose `on_discard` is still to be called ("<schema>.<id>").
 DISCARD_CHANNEL = "shigoto_discard"
 PENDING = "on_discard_pending"
+#: Seconds a job without a timeout of its own (it leaves it to its worker, which the leader may
+#: not know) may execute before it is rescued although its node lives. Above the workers'
+#: default timeout; raise it (`Runner(stuck_after=...)`) for workers with longer timeouts
+#: that are enqueued by name without one.
+STUCK_AFTER = 3600.0
 
-_STALE = """
-SELECT j.id, j.worker, j.attempt, j.max_attempts, j.attempted_by
-FROM {jobs} AS j LEFT JOIN {nodes} AS n ON n.id = j.attempted_by
-WHERE j.state = 'executing'
-  AND j.attempted_at < now() - make_interval(secs => %(after)s)
-  AND (n.id IS NULL OR n.last_seen_at < now() - make_interval(secs => %(after)s))
-ORDER BY j.id
-LIMIT %(limit)s
-FOR UPDATE OF j SKIP LOCKED
-"""
-
+# One statement finds, decides and moves the stale jobs. `dead` tells the two kinds apart for
+# the error entry; the next state comes from the row alone (see the module docstring).
 _RESCUE = """
+WITH stale AS (
+    SELECT j.id, (n.id IS NULL OR n.last_seen_at < now() - make_interval(secs => %(after)s))
+                 AS dead
+    FROM {jobs} AS j LEFT JOIN {nodes} AS n ON n.id = j.attempted_by
+    WHERE j.state = 'executing'
+      AND j.attempted_at < now() - make_interval(secs => %(after)s)
+      AND (n.id IS NULL OR n.last_seen_at < now() - make_interval(secs => %(after)s)
+           OR j.attempted_at < now() - make_interval(
+                  secs => coalesce(j.timeout + %(after)s, %(stuck_after)s)))
+    ORDER BY j.id
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+), decided AS (
+    SELECT j.id, s.dead,
+           CASE WHEN j.attempt >= coalesce(j.max_attempts, %(default_max)s)
+                THEN 'discarded' ELSE 'available' END AS state
+    FROM {jobs} AS j JOIN stale AS s ON s.id = j.id
+)
 UPDATE {jobs} AS j
-SET state = u.state,
+SET state = d.state,
     scheduled_at = now(),
-    finished_at = CASE WHEN u.state = 'discarded' THEN now() END,
-    meta = CASE WHEN u.state = 'discarded'
+    finished_at = CASE WHEN d.state = 'discarded' THEN now() END,
+    meta = CASE WHEN d.state = 'discarded'
                 THEN j.meta || jsonb_build_object('on_discard_pending', true) ELSE j.meta END,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempt, 'at', now(), 'traceback', '',
-        'error', 'rescued from node ' || j.attempted_by
-                 || ': it stopped heartbeating while executing this job'))
-FROM unnest(%(ids)s::bigint[], %(states)s::text[]) AS u(id, state)
-WHERE j.id = u.id AND j.state = 'executing'
-RETURNING j.id, j.queue, j.state
+        'error', 'rescued from node ' || coalesce(j.attempted_by, '?') || CASE WHEN d.dead
+            THEN ': it stopped heartbeating while executing this job'
+            ELSE ': executing for longer than its timeout plus rescue_after (or stuck_after '
+                 || 'without a timeout of its own), while the node lives' END))
+FROM decided AS d
+WHERE j.id = d.id
+RETURNING j.id, j.queue, j.state, j.attempted_by, d.dead
 """
 
 _FORGET_NODES = """
@@ -89,15 +116,6 @@ FROM unnest(%(ids)s::bigint[]) AS id
 """
 
 
-def rescue_state(attempt: int, max_attempts: int | None, worker: str) -> str:
-    """Where a stale job goes: back to available, or discarded if its attempts are used up."""
-    limit = max_attempts
-    if limit is None:
-        known = registered().get(worker)
-        limit = known.resolved_max_attempts() if known else DEFAULT_MAX_ATTEMPTS
-    return "discarded" if attempt >= limit else "available"
-
-
 class Rescuer(Service):
     name = "rescuer"
 
@@ -110,6 +128,7 @@ class Rescuer(Service):
         is_leader: Callable[[], bool],
         rescue_after: float,
         interval: float,
+        stuck_after: float = STUCK_AFTER,
         on_discard: Callable[[list[int]], Awaitable[None]] | None = None,
     ) -> None:
         super().__init__(interval)
@@ -118,6 +137,7 @@ class Rescuer(Service):
         self.node = node
         self.is_leader = is_leader
         self.rescue_after = rescue_after
+        self.stuck_after = stuck_after
         self.on_discard = on_discard
 
     async def run_once(self) -> list[dict[str, Any]]:
@@ -143,23 +163,22 @@ class Rescuer(Service):
         return gone
 
     async def _rescue(self) -> list[dict[str, Any]]:
-        params = {"after": self.rescue_after, "limit": RESCUE_BATCH}
+        params = {"after": self.rescue_after, "stuck_after": self.stuck_after,
+                  "default_max": DEFAULT_MAX_ATTEMPTS, "limit": RESCUE_BATCH}  # fmt: skip
         async with self.pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(_sql.compose(_STALE, self.schema), params)
-            stale = await cur.fetchall()
-            if not stale:
+            cur = await conn.execute(_sql.compose(_RESCUE, self.schema), params)
+            rows = await cur.fetchall()
+            if not rows:
                 return []
-            ids = [r[0] for r in stale]
-            states = [rescue_state(r[2], r[3], r[1]) for r in stale]
-            cur = await conn.execute(
-                _sql.compose(_RESCUE, self.schema), {"ids": ids, "states": states}
-            )
-            rescued = [{"id": r[0], "queue": r[1], "state": r[2]} for r in await cur.fetchall()]
+            rescued = [{"id": r[0], "queue": r[1], "state": r[2]} for r in rows]
             queues = sorted({r["queue"] for r in rescued if r["state"] == "available"})
             if queues:
                 await conn.execute(_sql.statements(self.schema).notify_queues, {"queues": queues})
-        log.warning("rescued %d jobs of dead nodes %s", len(rescued),
-                    sorted({r[4] for r in stale}), extra={"job_ids": ids})  # fmt: skip
+        ids = [r[0] for r in rows]
+        dead = sorted({r[3] for r in rows if r[4]})
+        stuck = sorted({r[3] for r in rows if not r[4]})
+        log.warning("rescued %d jobs (of dead nodes %s, stuck on live nodes %s)", len(rows),
+                    dead, stuck, extra={"job_ids": ids})  # fmt: skip
         telemetry.emit("rescuer.rescue", {"count": len(rescued)},
                        {"node": self.node, "job_ids": ids})  # fmt: skip
         return rescued

@@ -45,7 +45,7 @@ from shigoto.notifier import Notifier
 from shigoto.producer import Producer
 from shigoto.pruner import Pruner
 from shigoto.queue_settings import QueueSetting, QueueSettingsWatcher, write_limits
-from shigoto.rescuer import Rescuer
+from shigoto.rescuer import STUCK_AFTER, Rescuer
 from shigoto.stager import Stager
 from shigoto.threads import Threads
 from shigoto.worker import WorkerResolver, registered
@@ -95,7 +95,9 @@ class Runner:
     `max_stuck_threads`: how many threads of timed-out or cancelled sync performs may still be
     running before the runner drains and stops with `StuckThreadsError` (default: the sum of
     the queues' concurrency). `callback_timeout`: seconds a worker's `backoff` or `on_discard`
-    may take. `traceback_level`: the log level of failed jobs' tracebacks.
+    may take. `traceback_level`: the log level of failed jobs' tracebacks. `stuck_after`:
+    seconds a job without a timeout of its own may execute before the leader rescues it even
+    though its node lives (see `shigoto.rescuer`).
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class Runner:
         global_concurrency: Mapping[str, int] | None = None,
         max_stuck_threads: int | None = None,
         callback_timeout: float = CALLBACK_TIMEOUT,
+        stuck_after: float = STUCK_AFTER,
         traceback_level: int = logging.DEBUG,
         **overrides: Any,
     ) -> None:
@@ -131,6 +134,9 @@ class Runner:
             raise ConfigurationError(f"callback_timeout must be positive, got {callback_timeout}")
         self.max_stuck_threads = max_stuck_threads
         self.callback_timeout = callback_timeout
+        if stuck_after <= 0:
+            raise ConfigurationError(f"stuck_after must be positive, got {stuck_after}")
+        self.stuck_after = stuck_after
         self.traceback_level = traceback_level
         #: Why this runner gave up (too many stuck threads); `/readyz` reports it.
         self.stuck_reason: str | None = None
@@ -230,7 +236,7 @@ class Runner:
                              is_leader=leader),
             "rescuer": Rescuer(pool, self.schema, self.node, is_leader=leader,
                                rescue_after=s.effective_rescue_after, interval=s.rescue_interval,
-                               on_discard=self._pending_discards),
+                               stuck_after=self.stuck_after, on_discard=self._pending_discards),
             "heartbeat": heartbeat,
             "queue-settings": QueueSettingsWatcher(
                 pool, self.schema, lambda: list(self.producers), self._apply_settings,

@@ -17,8 +17,6 @@ import psycopg
 import pytest
 
 import shigoto
-from shigoto.rescuer import rescue_state
-from shigoto.worker import DEFAULT_MAX_ATTEMPTS
 from tests.support import rescue_workers
 from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import row, until
@@ -32,33 +30,6 @@ FAST = {
     "heartbeat_interval": 0.5, "rescue_after": 2.0, "rescue_interval": 0.3,
     "poll_interval": 0.2, "leader_interval": 0.2, "shutdown_timeout": 5.0,
 }  # fmt: skip
-
-
-# -- rescue_state (pure) --------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("attempt", "max_attempts", "expected"),
-    [(1, 3, "available"), (2, 3, "available"), (3, 3, "discarded"), (4, 3, "discarded"),
-     (1, 1, "discarded"), (0, 1, "available")],
-)  # fmt: skip
-def test_rescue_state_counts_the_lost_attempt(
-    attempt: int, max_attempts: int, expected: str
-) -> None:
-    assert rescue_state(attempt, max_attempts, "any.worker") == expected
-
-
-def test_rescue_state_falls_back_to_the_workers_own_max_attempts() -> None:
-    name = rescue_workers.two_attempts.name
-    assert rescue_state(1, None, name) == "available"
-    assert rescue_state(2, None, name) == "discarded"
-    # the job's own max_attempts wins over the worker's
-    assert rescue_state(2, 5, name) == "available"
-
-
-def test_rescue_state_of_an_unknown_worker_uses_the_default_max_attempts() -> None:
-    assert rescue_state(DEFAULT_MAX_ATTEMPTS - 1, None, "not.imported.here") == "available"
-    assert rescue_state(DEFAULT_MAX_ATTEMPTS, None, "not.imported.here") == "discarded"
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -199,8 +170,11 @@ async def test_a_live_runners_executing_job_is_never_rescued(
         ("ghost-node", 1, 3, STALL),  # no node row at all
         ("stale-node", 1, 3, STALL),  # a node row that stopped heartbeating
         ("stale-node", 3, 3, STALL),  # attempts used up
-        ("ghost-node", 2, None, rescue_workers.two_attempts.name),  # worker's own limit: 2
-        ("ghost-node", 1, None, "not.imported.anywhere"),  # default limit
+        # Without max_attempts on the row, the default limit (3) decides, in SQL: never the
+        # leader's registry (which knows two_attempts' own limit, 2), so any leader agrees.
+        ("ghost-node", 2, None, rescue_workers.two_attempts.name),
+        ("ghost-node", 1, None, "not.imported.anywhere"),
+        ("ghost-node", 3, None, "not.imported.anywhere"),
     ]:
         found = conn.execute(
             "INSERT INTO shigoto_jobs (queue, worker, state, attempt, max_attempts, "
@@ -214,7 +188,7 @@ async def test_a_live_runners_executing_job_is_never_rescued(
     await until(lambda: all(row(conn, i)["state"] != "executing" for i in ghosts),
                 timeout=DEADLINE, message="dead nodes' jobs rescued")  # fmt: skip
     states = [row(conn, i)["state"] for i in ghosts]
-    assert states == ["available", "available", "discarded", "discarded", "available"]
+    assert states == ["available", "available", "discarded", "available", "available", "discarded"]
     for job_id, node in ghosts.items():
         [error] = rescue_errors(row(conn, job_id))
         assert node in error["error"]

@@ -171,6 +171,13 @@ class JobExecutor:
         self.traceback_level = traceback_level
         #: Jobs whose cancel was asked for from outside (`shigoto cancel`), by id: reason.
         self._cancel_requests: dict[int, str] = {}
+        #: Jobs whose perform was given up on but whose thread still runs it.
+        self._abandoned: set[int] = set()
+
+    def still_running(self, job_id: int) -> bool:
+        """Whether a perform of `job_id` that was given up on (timed out, cancelled) still
+        runs on its thread: such a job must not be handed to another runner yet."""
+        return job_id in self._abandoned
 
     def request_cancel(self, job_id: int, reason: str) -> None:
         """Mark `job_id` as cancelled from outside, before its task is cancelled."""
@@ -265,6 +272,8 @@ class JobExecutor:
         except asyncio.CancelledError:
             # Timed out or cancelled: ask the perform to stop, and never wait for it again.
             ctx._request_cancel()
+            self._abandoned.add(job.id)
+            future.add_done_callback(lambda _f: self._abandoned.discard(job.id))
             _abandon(self.threads, future)
             raise
 

@@ -1,7 +1,9 @@
 """The composition root: wires producers, executor, completer, notifier and services.
 
 Shutdown has two phases: stop claiming and let in-flight jobs finish within `shutdown_timeout`;
-then cancel what is left and hand those jobs back as available without consuming an attempt.
+then cancel what is left and hand those jobs back as available without consuming an attempt
+(but not sync performs whose thread still runs them: those stay executing for the rescuer).
+The heartbeat stops last, so a long drain is never mistaken for a dead node.
 
 Sync performs that overran their timeout (or were cancelled) and still hold their thread are
 counted; past `max_stuck_threads` the runner is sick (threads, memory, maybe locks leak): it
@@ -271,8 +273,12 @@ class Runner:
     ) -> None:
         log.info("runner %s stopping: no new claims, waiting up to %.0fs for %d jobs",
                  self.node, self.settings.shutdown_timeout, self.executing_count)  # fmt: skip
+        # The heartbeat beats on until the last job has ended and its outcome is written: a
+        # drain may take up to `shutdown_timeout` (an hour, say), and a silent node's jobs
+        # would be rescued and run again elsewhere while they still run here.
         for service in services.values():
-            service.stop()
+            if service is not heartbeat:
+                service.stop()
         producers = list(self.producers.values())
         for producer in producers:
             producer.stop_claiming()
@@ -283,6 +289,7 @@ class Runner:
                       "executing until rescued", self._completer.backlog)  # fmt: skip
         await notifier.stop()
         await self.elector.stop()
+        await self._stop_heartbeat(heartbeat)
         try:
             await heartbeat.unregister()
         except Exception as exc:
@@ -292,6 +299,17 @@ class Runner:
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         self._tasks.clear()
         log.info("runner %s stopped", self.node)
+
+    async def _stop_heartbeat(self, heartbeat: Heartbeat) -> None:
+        """Stop beating, and wait for a beat in flight: one landing after the unregister
+        would bring the node's row back."""
+        heartbeat.stop()
+        task = self._tasks.pop("heartbeat", None)
+        if task is not None:
+            _, pending = await asyncio.wait([task], timeout=10)
+            for late in pending:
+                late.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _drain_producers(self, producers: list[Producer], timeout: float) -> None:
         """Wait for in-flight jobs, then cancel the rest and put them back."""
@@ -313,8 +331,22 @@ class Runner:
         for _, task in leftover:
             task.cancel()
         await asyncio.gather(*(task for _, task in leftover), return_exceptions=True)
-        if leftover:
-            await self._put_back([job.id for job, _ in leftover])
+        back, running = self._stopped_jobs([job for job, _ in leftover])
+        if running:
+            log.warning("jobs %s still run on threads that cannot be stopped: left executing, "
+                        "for the rescuer to return once this node is gone", running,
+                        extra={"node": self.node, "job_ids": running})  # fmt: skip
+        if back:
+            await self._put_back(back)
+
+    def _stopped_jobs(self, jobs: list[Job]) -> tuple[list[int], list[int]]:
+        """Split cancelled jobs into those whose perform has really stopped (safe to hand to
+        another runner, attempt given back) and sync ones whose thread still runs them: putting
+        those back would let a second runner run the job while the first copy still does."""
+        assert self._executor is not None
+        back = [job.id for job in jobs if not self._executor.still_running(job.id)]
+        running = [job.id for job in jobs if self._executor.still_running(job.id)]
+        return back, running
 
     async def _put_back(self, ids: list[int]) -> None:
         assert self._pool is not None

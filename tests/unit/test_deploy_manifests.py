@@ -314,9 +314,26 @@ def _portable(path: Path) -> None:
     assert froms and all(f.split()[0] == "${PYTHON_IMAGE}" for f in froms)
 
 
+def _locked(path: Path, lock: str) -> str:
+    """Dependencies come only from the hashed lock file; the project itself adds none, and
+    is built with the locked build backend (no build isolation fetching an unhashed one)."""
+    assert (ROOT / "requirements" / lock).is_file()
+    lines = (ROOT / "requirements" / lock).read_text().splitlines()
+    pins = [line for line in lines if "==" in line and not line.startswith("#")]
+    assert pins and all(line.rstrip().endswith("\\") for line in pins), "a hash for each pin"
+    assert any(line.startswith("hatchling==") for line in pins), "the build backend is locked"
+    runs = [args for word, args in _instructions(path) if word == "RUN"]
+    installs = [part for run in runs for part in run.split("&&") if "pip install" in part]
+    assert installs[0].split()[-4:] == ["install", "--require-hashes", "-r", f"requirements/{lock}"]
+    assert all("--no-deps" in part and "--no-build-isolation" in part for part in installs[1:])
+    assert ("COPY", f"requirements/{lock} requirements/{lock}") in _instructions(path)
+    return " ".join(installs)
+
+
 def test_runner_image_is_slim_non_root_with_the_cli_entrypoint() -> None:
     path = ROOT / "Dockerfile.runner"
     _portable(path)
+    _locked(path, "runner.lock")
     assert re.fullmatch(r"10001(:10001)?", _last(path, "USER")), "non-root, numeric uid"
     assert json.loads(_last(path, "ENTRYPOINT")) == ["shigoto"]
     assert json.loads(_last(path, "CMD")) == ["run"]
@@ -329,7 +346,8 @@ def test_operator_image_runs_what_the_deployment_runs() -> None:
     _portable(path)
     assert re.fullmatch(r"10001(:10001)?", _last(path, "USER"))
     assert json.loads(_last(path, "CMD")) == OPERATOR_COMMAND
-    assert ".[operator]" in " ".join(a for w, a in _instructions(path) if w == "RUN")
+    assert ".[operator]" in _locked(path, "operator.lock")
+    assert "kopf==" in (ROOT / "requirements" / "operator.lock").read_text()
     assert _operator()["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 10001
 
 
@@ -354,4 +372,6 @@ def test_dockerignore_keeps_local_state_out_of_the_build_context() -> None:
     ]
     assert patterns[0] == "*"
     allowed = {p[1:].rstrip("/") for p in patterns if p.startswith("!")}
-    assert allowed == {"pyproject.toml", "README.md", "runner", "operator", "migrations"}
+    assert allowed == {
+        "pyproject.toml", "README.md", "runner", "operator", "migrations", "requirements"
+    }

@@ -68,6 +68,14 @@ def queue_name_problem(name: object) -> str | None:
 def parse_queues(text: str) -> dict[str, int]:
     """Parse `default=10,emails=5` (also whitespace-separated) into {queue: concurrency}."""
     queues: dict[str, int] = {}
+    for part in text.split(","):
+        words = part.split()
+        if len(words) > 1 and any("=" not in word for word in words):
+            # `--queue "my queue=1"` must not quietly serve the queues `my` and `queue`
+            raise ConfigurationError(
+                f"queues: {part.strip()!r} is not NAME=CONCURRENCY: a queue name cannot "
+                "contain spaces; separate queues with commas, e.g. emails=5,reports=1"
+            )
     for item in re.split(r"[,\s]+", text.strip()):
         if not item:
             continue

@@ -61,6 +61,8 @@ def test_parse_queues(text: str, expected: dict[str, int]) -> None:
         ("emails=0", "at least 1"),
         ("emails=-2", "at least 1"),
         ("q" * 129 + "=1", "queue name"),
+        ("my queue=1", "cannot contain spaces"),
+        ("default=10,my queue", "cannot contain spaces"),
     ],
 )
 def test_parse_queues_rejects_with_a_hint(text: str, hint: str) -> None:

@@ -171,13 +171,20 @@ class JobExecutor:
         self.traceback_level = traceback_level
         #: Jobs whose cancel was asked for from outside (`shigoto cancel`), by id: reason.
         self._cancel_requests: dict[int, str] = {}
-        #: Jobs whose perform was given up on but whose thread still runs it.
-        self._abandoned: set[int] = set()
+        #: Performs given up on whose thread still runs them, by job id.
+        self._abandoned: dict[int, Future[Any]] = {}
 
     def still_running(self, job_id: int) -> bool:
         """Whether a perform of `job_id` that was given up on (timed out, cancelled) still
         runs on its thread: such a job must not be handed to another runner yet."""
         return job_id in self._abandoned
+
+    async def wait_stopped(self, job_ids: list[int], timeout: float) -> None:
+        """Wait up to `timeout` for the threads still running these jobs' performs (a perform
+        that checks `current_job().cancelled` returns soon after its cancel)."""
+        running = [asyncio.wrap_future(f) for i in job_ids if (f := self._abandoned.get(i))]
+        if running and timeout > 0:
+            await asyncio.wait(running, timeout=timeout)
 
     def request_cancel(self, job_id: int, reason: str) -> None:
         """Mark `job_id` as cancelled from outside, before its task is cancelled."""
@@ -272,8 +279,8 @@ class JobExecutor:
         except asyncio.CancelledError:
             # Timed out or cancelled: ask the perform to stop, and never wait for it again.
             ctx._request_cancel()
-            self._abandoned.add(job.id)
-            future.add_done_callback(lambda _f: self._abandoned.discard(job.id))
+            self._abandoned[job.id] = future
+            future.add_done_callback(lambda _f: self._abandoned.pop(job.id, None))
             _abandon(self.threads, future)
             raise
 

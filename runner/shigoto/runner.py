@@ -54,6 +54,11 @@ from shigoto.worker import WorkerResolver, registered
 
 log = logging.getLogger("shigoto.runner")
 
+#: Seconds a shutdown waits, after cancelling, for sync performs to leave their threads (one
+#: that checks `current_job().cancelled` does): only a perform that has really stopped may be
+#: put back for another runner.
+PUT_BACK_GRACE = 5.0
+
 
 def _loads_json(data: bytes) -> Any:
     """`json.loads`, minus the parser for the `{}` and `[]` most claimed jobs carry (meta,
@@ -331,6 +336,8 @@ class Runner:
         for _, task in leftover:
             task.cancel()
         await asyncio.gather(*(task for _, task in leftover), return_exceptions=True)
+        assert self._executor is not None
+        await self._executor.wait_stopped([job.id for job, _ in leftover], PUT_BACK_GRACE)
         back, running = self._stopped_jobs([job for job, _ in leftover])
         if running:
             log.warning("jobs %s still run on threads that cannot be stopped: left executing, "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,22 @@ from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import row, until
 
 WORKERS = "tests.support.rescue_workers"
+MODULE = __name__
 DEADLINE = 30.0
 FAST = {
     "heartbeat_interval": 0.5, "rescue_after": 2.0, "rescue_interval": 0.3,
     "poll_interval": 0.2, "leader_interval": 0.2, "shutdown_timeout": 5.0,
 }  # fmt: skip
+
+
+@shigoto.worker(name="poison.cooperative")
+def cooperative(marker: str) -> str:
+    """Sync, and stops when asked: marks its start, then waits for its cancel."""
+    job = shigoto.current_job()
+    Path(marker).write_text("started", "utf-8")
+    while not job.cancelled:
+        threading.Event().wait(0.01)
+    return "stopped"
 
 
 @pytest.fixture
@@ -35,7 +47,7 @@ async def in_process(db_url: str) -> AsyncIterator[Callable[..., Any]]:
     rescue_workers.reset()
 
     async def start(queues: dict[str, int], **overrides: Any) -> shigoto.Runner:
-        runner = shigoto.Runner(queues, imports=[WORKERS], **{**FAST, **overrides})
+        runner = shigoto.Runner(queues, imports=[WORKERS, MODULE], **{**FAST, **overrides})
         task = asyncio.create_task(runner.run())
         running.append((runner, task))
         await until(lambda: runner.ready.is_set() or task.done(), timeout=DEADLINE,
@@ -95,3 +107,16 @@ async def test_a_sync_job_still_on_its_thread_is_not_put_back(
     left = row(conn, job.id)
     assert (left["state"], left["attempt"]) == ("executing", 1)
     assert conn.execute("SELECT count(*) FROM shigoto_nodes").fetchone() == (0,)
+
+
+async def test_a_sync_job_that_stops_when_cancelled_is_put_back(
+    conn: psycopg.Connection, tmp_path: Path, in_process: Callable[..., Any]
+) -> None:
+    runner = await in_process({"default": 1}, shutdown_timeout=0.5)
+    marker = tmp_path / "cooperative"
+    job = shigoto.enqueue(cooperative, {"marker": str(marker)})
+    await until(marker.exists, timeout=DEADLINE, message="the perform runs on its thread")
+    await runner.stop()
+    await until(lambda: not runner.ready.is_set(), timeout=DEADLINE, message="stopped")
+    back = row(conn, job.id)
+    assert (back["state"], back["attempt"], back["attempted_by"]) == ("available", 0, None)

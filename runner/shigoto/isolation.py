@@ -32,6 +32,8 @@ from shigoto.errors import Cancel, Discard, Error, Snooze
 from shigoto.worker import Worker, lookup
 
 _SPAWN = multiprocessing.get_context("spawn")
+#: Polls (10 ms apart) for a dead child's exit status once its sentinel has fired.
+REAP_TRIES = 500
 
 
 class IsolatedPerformError(Error):
@@ -121,7 +123,14 @@ async def _reap(child: Any) -> None:
         return
     if child.exitcode is None:
         await _readable(child.sentinel)
-    child.join(0)
+    # The sentinel fires when the child's end of the pipe closes, which can come a moment
+    # before the kernel lets the exit status be collected: without the wait, the exit code
+    # reported for a child that died early was sometimes None instead of its real code.
+    for _ in range(REAP_TRIES):
+        child.join(0)
+        if child.exitcode is not None:
+            return
+        await asyncio.sleep(0.01)
 
 
 async def _readable(fd: int) -> None:

@@ -1,8 +1,10 @@
 """A draining runner keeps its jobs (issue 9).
 
-Shutdown used to stop the heartbeat first: a drain longer than `rescue_after` let the leader
-rescue, and run again, jobs that were still running. And a sync perform whose thread outlived
-the drain was put back while that thread still ran it.
+Shutdown stopped the heartbeat first. A drain longer than `rescue_after` was only kept from
+being rescued because the limiter's liveness proof refreshes the same `last_seen_at` every
+second until the end; the heartbeat now beats until the last job ends on its own account, and
+the drain test guards both. A sync perform whose thread outlived the drain was put back while
+that thread still ran it: that test failed before the fix.
 """
 
 from __future__ import annotations

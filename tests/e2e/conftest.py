@@ -217,9 +217,12 @@ class OperatorProcess:
                 self.process.wait()
 
 
-@pytest.fixture
-def operator_as_sa(installed: Kube, tmp_path: Path) -> Iterator[OperatorProcess]:
-    kubeconfig = operator_kubeconfig(installed, tmp_path / "operator.kubeconfig")
+def start_operator(
+    kube: Kube, tmp_path: Path, *, namespaces: tuple[str, ...] = ()
+) -> OperatorProcess:
+    """`kopf run` on this machine as the operator's ServiceAccount: cluster-wide, or watching
+    only `namespaces` (what deploy/namespaced/ runs)."""
+    kubeconfig = operator_kubeconfig(kube, tmp_path / "operator.kubeconfig")
     log = tmp_path / "operator.log"
     env = {
         **os.environ,
@@ -229,11 +232,17 @@ def operator_as_sa(installed: Kube, tmp_path: Path) -> Iterator[OperatorProcess]
         "SHIGOTO_OPERATOR_LEADER_INTERVAL": "1",
     }
     kopf = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin" / "kopf"
-    command = [str(kopf) if kopf.exists() else "kopf", "run", "--all-namespaces", "--standalone",
+    scope = [f"--namespace={ns}" for ns in namespaces] or ["--all-namespaces"]
+    command = [str(kopf) if kopf.exists() else "kopf", "run", *scope, "--standalone",
                "-m", "shigoto_operator"]  # fmt: skip
     with log.open("wb") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-    operator = OperatorProcess(process, log)
+    return OperatorProcess(process, log)
+
+
+@pytest.fixture
+def operator_as_sa(installed: Kube, tmp_path: Path) -> Iterator[OperatorProcess]:
+    operator = start_operator(installed, tmp_path)
     try:
         yield operator
     finally:

@@ -10,6 +10,7 @@ refuses a disallowed image. Needs SHIGOTO_E2E_KUBECONFIG (see conftest.py); no n
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -17,11 +18,13 @@ import pytest
 
 import shigoto
 from tests.e2e.conftest import (
+    OPERATOR_NS,
     ROOT,
     Kube,
     OperatorProcess,
     eventually,
     secret_manifest,
+    start_operator,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -316,3 +319,69 @@ def test_admission_policy_refuses_disallowed_images_and_service_accounts(
     assert "spec.runner.tolerations" in refused(tolerant)
     fine = queue_manifest("default", "fine", runner={"image": "registry.example.com/w:1"})
     assert refused(fine) == ""
+
+
+# --- the namespaced install -------------------------------------------------------------------
+
+WATCHED = "shigoto-demo"  # the namespace deploy/namespaced/ grants and watches
+
+
+@pytest.fixture
+def namespaced_install(installed: Kube) -> Any:
+    """deploy/namespaced/ in place of the cluster-wide rights: its Role in the watched
+    namespace and the CRD-only ClusterRole, with the base's ClusterRoleBinding removed so
+    nothing else is granted. The cluster-wide install is put back afterwards."""
+    kube = installed
+    kube.run(
+        "apply", "-f", "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WATCHED}}),
+    )  # fmt: skip
+    kube("apply", "-k", str(ROOT / "deploy" / "namespaced"))
+    kube("-n", OPERATOR_NS, "scale", "deployment/shigoto-operator", "--replicas=0")
+    kube("delete", "clusterrolebinding", "shigoto-operator")
+    try:
+        yield kube
+    finally:
+        kube("delete", "-n", WATCHED, "role,rolebinding", "shigoto-operator", "--ignore-not-found")
+        kube(
+            "delete",
+            "clusterrole,clusterrolebinding",
+            "shigoto-operator-crds",
+            "--ignore-not-found",
+        )
+        kube("apply", "-k", str(ROOT / "deploy"))
+        kube("-n", OPERATOR_NS, "scale", "deployment/shigoto-operator", "--replicas=0")
+
+
+def test_namespaced_install_runs_a_queue_with_roles_alone(
+    namespaced_install: Kube, fresh_db: str, tmp_path: Path
+) -> None:
+    kube = namespaced_install
+    assert kube.can_i("get", "secrets", namespace=WATCHED)
+    assert kube.can_i("create", "deployments.apps", namespace=WATCHED)
+    assert not kube.can_i("get", "secrets", namespace="default"), "no Secret outside"
+    assert not kube.can_i("create", "deployments.apps", namespace="default")
+    assert not kube.can_i("list", "secrets", namespace=WATCHED), "get by name only"
+
+    operator = start_operator(kube, tmp_path, namespaces=(WATCHED,))
+    try:
+        kube.run("apply", "-f", "-", stdin=secret_manifest(WATCHED, "shigoto-db", fresh_db))
+        kube.run("apply", "-f", "-", stdin=queue_manifest(WATCHED, "scoped"))
+        eventually(
+            lambda: _condition(kube, "queue", WATCHED, "scoped", "Ready").get("status") == "True",
+            timeout=90,
+            message="Queue Ready under the namespaced rights",
+        )
+        assert kube.get("deployment", "-n", WATCHED, "shigoto-runner-scoped") is not None
+        kube("delete", "queue", "-n", WATCHED, "scoped", "--timeout=60s")
+        eventually(
+            lambda: kube.get("deployment", "-n", WATCHED, "shigoto-runner-scoped") is None,
+            timeout=60,
+            message="runner Deployment deleted with its Queue",
+        )
+        _no_forbidden(operator)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n--- operator log ---\n{operator.output()}") from None
+    finally:
+        operator.stop()
+        kube("delete", "secret", "-n", WATCHED, "shigoto-db", "--ignore-not-found")

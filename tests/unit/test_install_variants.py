@@ -50,7 +50,8 @@ def test_namespaced_install_has_no_cluster_wide_rights_on_data() -> None:
     objects = render(DEPLOY / "namespaced")
     [cluster_role] = by_kind(objects, "ClusterRole")
     assert rules(cluster_role) == {
-        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+        ("", "namespaces"): {"list", "watch"},
     }
     [role] = by_kind(objects, "Role")
     expected = {k: v for k, v in EXPECTED_RULES.items() if k not in CLUSTER_ONLY}

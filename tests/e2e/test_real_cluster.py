@@ -302,8 +302,13 @@ def test_admission_policy_refuses_disallowed_images_and_service_accounts(
         return result.stderr if result.returncode != 0 else ""
 
     evil = queue_manifest("default", "evil", runner={"image": "docker.io/evil/miner:1"})
-    # a new policy takes effect within seconds (the API server compiles it asynchronously)
-    message = eventually(lambda: refused(evil), timeout=60, message="policy in force")
+    # a new policy takes effect within seconds: the API server compiles it and loads its
+    # params asynchronously (until then it denies every Queue: "no params found")
+    message = eventually(
+        lambda: (m := refused(evil)) and "spec.runner.image" in m and m,
+        timeout=60,
+        message="policy in force with its params",
+    )
     assert "spec.runner.image" in message and "docker.io/evil/miner:1" in message
     sa = queue_manifest(
         "default",

@@ -260,12 +260,13 @@ class _BoundedHTTPServer(ThreadingHTTPServer):
         self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int
     ) -> None:
         super().__init__(address, handler)
+        self.max_connections = max_connections
         self._slots = threading.BoundedSemaphore(max_connections)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
             log.debug("health server: %d connections open, refusing %s",
-                      self._slots._initial_value, client_address)  # type: ignore[attr-defined]  # fmt: skip
+                      self.max_connections, client_address)  # fmt: skip
             self.shutdown_request(request)
             return
         try:

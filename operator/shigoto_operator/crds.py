@@ -113,6 +113,21 @@ def _opaque_list(description: str, **items: Any) -> dict[str, Any]:
     return {"type": "array", "description": description, "items": item}
 
 
+def _secret_ref(description: str) -> dict[str, Any]:
+    """A key of a Secret in the object's namespace that holds a database URL."""
+    return {
+        "type": "object",
+        "description": description,
+        "required": ["name"],
+        "properties": {
+            "name": _string("Name of the Secret.", minLength=1, maxLength=253),
+            "key": _string(
+                "Key in the Secret holding the URL.", minLength=1, maxLength=253, default="url"
+            ),
+        },
+    }
+
+
 def _database() -> dict[str, Any]:
     """Where the jobs live; the same shape on both kinds so one Secret serves both."""
     return {
@@ -120,22 +135,11 @@ def _database() -> dict[str, Any]:
         "description": "The PostgreSQL database holding the Shigoto tables.",
         "required": ["secretRef"],
         "properties": {
-            "secretRef": {
-                "type": "object",
-                "description": "A Secret in the object's namespace whose key holds a libpq URL "
+            "secretRef": _secret_ref(
+                "A Secret in the object's namespace whose key holds a libpq URL "
                 "(postgresql://user:password@host:5432/db); runners get it as "
-                "SHIGOTO_DATABASE_URL.",
-                "required": ["name"],
-                "properties": {
-                    "name": _string("Name of the Secret.", minLength=1, maxLength=253),
-                    "key": _string(
-                        "Key in the Secret holding the URL.",
-                        minLength=1,
-                        maxLength=253,
-                        default="url",
-                    ),
-                },
-            },
+                "SHIGOTO_DATABASE_URL."
+            ),
             "schema": _string(
                 "PostgreSQL schema holding the shigoto_ tables (SHIGOTO_SCHEMA).",
                 pattern=SCHEMA_NAME_PATTERN,
@@ -148,22 +152,11 @@ def _database() -> dict[str, Any]:
                 "it and reports SchemaNotMigrated until it is current.",
                 default=True,
             ),
-            "migrationSecretRef": {
-                "type": "object",
-                "description": "A Secret whose key holds the URL of a role allowed to create "
-                "and alter the tables, used only to migrate; secretRef can then name a runtime "
-                "role with data rights alone. Unset: secretRef's URL migrates too.",
-                "required": ["name"],
-                "properties": {
-                    "name": _string("Name of the Secret.", minLength=1, maxLength=253),
-                    "key": _string(
-                        "Key in the Secret holding the URL.",
-                        minLength=1,
-                        maxLength=253,
-                        default="url",
-                    ),
-                },
-            },
+            "migrationSecretRef": _secret_ref(
+                "A Secret whose key holds the URL of a role allowed to create and alter the "
+                "tables, used only to migrate; secretRef can then name a runtime role with data "
+                "rights alone. Unset: secretRef's URL migrates too."
+            ),
         },
     }
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ import pytest
 from psycopg import sql
 
 from shigoto import embedded
+from tests.support.waiting import wait_until
 
 T = TypeVar("T")
 
@@ -93,15 +93,8 @@ class Kube:
 
 
 def eventually(condition: Callable[[], T], *, timeout: float, message: str) -> T:
-    """Poll `condition` (kubectl calls, so a second apart) until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f} s: {message}")
-        time.sleep(1)
+    """`wait_until`, polling once a second: each condition here is a kubectl call."""
+    return wait_until(condition, timeout=timeout, message=message, step=1.0)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,9 @@ DEADLINE = 20.0
 STEP = 0.02
 
 
-def wait_until(condition: Callable[[], T], *, timeout: float = DEADLINE, message: str = "") -> T:
+def wait_until(
+    condition: Callable[[], T], *, timeout: float = DEADLINE, message: str = "", step: float = STEP
+) -> T:
     """Poll `condition` until it returns something truthy; return that value."""
     deadline = time.monotonic() + timeout
     while True:
@@ -30,7 +32,7 @@ def wait_until(condition: Callable[[], T], *, timeout: float = DEADLINE, message
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s: {message or condition}")
-        time.sleep(STEP)
+        time.sleep(step)
 
 
 async def until(condition: Callable[[], T], *, timeout: float = DEADLINE, message: str = "") -> T:

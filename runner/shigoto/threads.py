@@ -126,13 +126,14 @@ class Threads(Executor):
 
     def _loop(self, call: _Call | None) -> None:
         while call is not None:
-            _run(call)
-            call = self._next()
+            call = self._wait(_run(call, self._reserve))
         with self._lock:
             self._threads -= 1
 
-    def _next(self) -> _Call | None:
-        """The next call for this thread, or None when it should exit."""
+    def _reserve(self) -> _Call | _Idle | None:
+        """What this thread does next: a waiting call, or an inbox on the idle list (None when
+        it should exit). Called before the finished call's result is published, so a caller
+        who submits again as soon as it has the result finds this thread idle already."""
         with self._lock:
             if self._backlog:
                 return self._backlog.popleft()
@@ -140,27 +141,37 @@ class Threads(Executor):
                 return None
             waiting = _Idle()
             self._idle.append(waiting)
+            return waiting
+
+    def _wait(self, next_up: _Call | _Idle | None) -> _Call | None:
+        """The next call for this thread, or None when it should exit."""
+        if not isinstance(next_up, _Idle):
+            return next_up
         try:
-            return waiting.inbox.get(timeout=self.idle_timeout)
+            return next_up.inbox.get(timeout=self.idle_timeout)
         except queue.Empty:
             with self._lock:
-                if waiting in self._idle:
-                    self._idle.remove(waiting)
+                if next_up in self._idle:
+                    self._idle.remove(next_up)
                     return None
             # `submit` took this thread off the idle list and is handing it a call right now.
-            return waiting.inbox.get()
+            return next_up.inbox.get()
 
 
-def _run(call: _Call) -> None:
+def _run(call: _Call, reserve: Callable[[], _Call | _Idle | None]) -> _Call | _Idle | None:
+    """Run `call`, reserve what comes next, then publish the outcome; returns the reservation."""
     future, fn, args, kwargs = call
     if not future.set_running_or_notify_cancel():
-        return
+        return reserve()
     try:
         result = fn(*args, **kwargs)
     except BaseException as exc:
+        following = reserve()
         future.set_exception(exc)
     else:
+        following = reserve()
         future.set_result(result)
+    return following
 
 
 __all__ = ["IDLE_TIMEOUT", "Threads"]

@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 import shigoto
+from shigoto import database
 from tests.support import client_workers as cw
 from tests.support.waiting import count, db_now, row
 
@@ -58,7 +59,12 @@ def test_options_in_enqueue_still_work_with_a_deprecation_warning(
 
 
 async def test_aenqueue_through_options(conn: psycopg.Connection[Any]) -> None:
-    job = await cw.async_greet.options(priority=4).aenqueue(name="ada")
+    try:
+        job = await cw.async_greet.options(priority=4).aenqueue(name="ada")
+    finally:
+        # the pool belongs to this test's event loop: close it before the loop and the
+        # database go, or its workers reconnect to a dropped database during teardown
+        await database.aclose_pools()
     r = row(conn, job.id)
     assert (r["args"], r["priority"]) == ({"name": "ada"}, 4)
 

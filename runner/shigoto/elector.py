@@ -76,6 +76,7 @@ class Elector:
         self._lease_until = 0.0
         self._last_error: str | None = None
         self._stop = asyncio.Event()
+        self._turn = asyncio.Lock()
         self.changed = asyncio.Event()
 
     @property
@@ -102,6 +103,12 @@ class Elector:
 
     async def run_once(self) -> bool:
         """Take or renew the lease; returns whether this node leads now."""
+        async with self._turn:  # never beside `stop`: a renewal after the resign would
+            if self._stop.is_set():  # re-create the lease the stopping node just gave up
+                return False
+            return await self._take_or_renew()
+
+    async def _take_or_renew(self) -> bool:
         if self._conn is None or self._conn.closed:
             # a new session proves nothing about the old one: lead again only by the lease
             self._lose("reconnecting", logging.INFO)
@@ -158,10 +165,11 @@ class Elector:
 
     async def stop(self) -> None:
         self._stop.set()
-        was_leader = self._leader
-        self._leader, self._lease_until = False, 0.0
-        if was_leader:
-            log.info("resigned leadership: stopping", extra={"lock": self.key})
-            self.changed.set()
-            await self._resign_lease()
-        await self._close()
+        async with self._turn:  # let a renewal in flight finish first, then resign
+            was_leader = self._leader
+            self._leader, self._lease_until = False, 0.0
+            if was_leader:
+                log.info("resigned leadership: stopping", extra={"lock": self.key})
+                self.changed.set()
+                await self._resign_lease()
+            await self._close()

@@ -179,3 +179,15 @@ async def test_electors_of_different_schemas_both_lead(
     assert await tenant.run_once() is True
     assert await public_2.run_once() is False
     assert len(lease_holders(conn)) == 1 and len(lease_holders(conn, "tenant_b")) == 1
+
+
+async def test_a_renewal_in_flight_never_outlives_stop(
+    electors: Callable[..., Elector], conn: psycopg.Connection
+) -> None:
+    """stop() while the run loop is mid-renewal: the node must end not leading, with no lease
+    left behind (the renewal used to land after the resign and make it leader again)."""
+    a = electors()
+    assert await a.run_once() is True
+    await asyncio.gather(a.run_once(), a.stop())
+    assert not a.is_leader
+    assert lease_holders(conn) == []

@@ -26,6 +26,7 @@ import psycopg
 from shigoto import config, embedded, logs
 from shigoto.errors import ConfigurationError, Error, ValidationError
 from shigoto.executor import CALLBACK_TIMEOUT
+from shigoto.rescuer import STUCK_AFTER
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DEFAULT_HEALTH_HOST = "0.0.0.0"
@@ -107,6 +108,7 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     "no_migrate": ("SHIGOTO_NO_MIGRATE", _flag, False),
     "max_stuck_threads": ("SHIGOTO_MAX_STUCK_THREADS", _count, None),
     "callback_timeout": ("SHIGOTO_CALLBACK_TIMEOUT", _seconds, CALLBACK_TIMEOUT),
+    "stuck_after": ("SHIGOTO_STUCK_AFTER", _seconds, STUCK_AFTER),
 }
 
 
@@ -235,6 +237,9 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--callback-timeout", type=_seconds, help=_env_help(
         "SHIGOTO_CALLBACK_TIMEOUT", "seconds a worker's backoff or on_discard may take "
         f"(default {CALLBACK_TIMEOUT:g})"))
+    p.add_argument("--stuck-after", type=_seconds, help=_env_help(
+        "SHIGOTO_STUCK_AFTER", "seconds after which a job without a timeout of its own that is "
+        f"still executing is rescued, even from a live runner (default {STUCK_AFTER:g})"))
     p.add_argument("--health-port", type=_port, help=_env_help(
         "SHIGOTO_HEALTH_PORT", "serve /healthz, /readyz, /metrics on this port (0: any free)"))
     p.add_argument("--health-host", help=_env_help(
@@ -407,7 +412,7 @@ def _runner(args: argparse.Namespace) -> Any:
         heartbeat_interval=args.heartbeat_interval, rescue_after=args.rescue_after,
         worker_prefixes=config.worker_prefixes(args.worker_prefixes),
         max_stuck_threads=args.max_stuck_threads, callback_timeout=args.callback_timeout,
-        **retention,
+        stuck_after=args.stuck_after, **retention,
     )  # fmt: skip
 
 

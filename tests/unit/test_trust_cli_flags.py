@@ -67,3 +67,12 @@ def test_a_malformed_env_var_is_one_error_naming_it(
 def test_stuck_threads_error_is_public() -> None:
     assert issubclass(shigoto.StuckThreadsError, shigoto.Error)
     assert "StuckThreadsError" in shigoto.__all__
+
+
+def test_stuck_after_flag_and_env_reach_the_rescuer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SHIGOTO_STUCK_AFTER", raising=False)
+    assert runner_for().stuck_after == 3600.0
+    assert runner_for("--stuck-after", "90").stuck_after == 90.0
+    monkeypatch.setenv("SHIGOTO_STUCK_AFTER", "120")
+    assert runner_for().stuck_after == 120.0
+    assert runner_for("--stuck-after", "30").stuck_after == 30.0

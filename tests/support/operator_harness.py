@@ -13,19 +13,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import threading
-import time
 import uuid
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import kopf
 
 import shigoto_operator  # registers the handlers on kopf's default registry
 from shigoto_operator import crds, k8s
-
-T = TypeVar("T")
+from tests.support.waiting import until
 
 NAMESPACE = "shop"
 DEADLINE = 30.0
@@ -54,19 +53,8 @@ def declare(kmock: Any) -> None:
         }
 
 
-async def eventually(
-    check: Callable[[], Awaitable[T]], *, timeout: float = DEADLINE, message: str = ""
-) -> T:
-    """Await `check` until it returns something truthy; return that. Never a fixed sleep."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = await check()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {message or check} (last: {last!r})")
-        await asyncio.sleep(0.1)
+#: Waits on the emulated cluster: the shared poll, with this harness's deadline, less often.
+eventually = functools.partial(until, timeout=DEADLINE, step=0.1)
 
 
 class Cluster:

@@ -7,10 +7,11 @@ returns as soon as its condition holds.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg.rows import dict_row
@@ -31,20 +32,30 @@ def wait_until(
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s: {message or condition}")
+            raise AssertionError(_late(timeout, message or condition, value))
         time.sleep(step)
 
 
-async def until(condition: Callable[[], T], *, timeout: float = DEADLINE, message: str = "") -> T:
-    """`wait_until` for async tests: yields to the event loop between polls."""
+async def until(
+    condition: Callable[[], T | Awaitable[T]], *, timeout: float = DEADLINE, message: str = "",
+    step: float = STEP,
+) -> T:  # fmt: skip
+    """`wait_until` for async tests: yields to the event loop between polls, and awaits what
+    `condition` returns when that is awaitable (an HTTP probe, a query in a thread)."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
-            return value
+            return cast(T, value)
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s: {message or condition}")
-        await asyncio.sleep(STEP)
+            raise AssertionError(_late(timeout, message or condition, value))
+        await asyncio.sleep(step)
+
+
+def _late(timeout: float, what: object, last: object) -> str:
+    return f"condition not met within {timeout:g} s: {what} (last: {last!r})"
 
 
 def db_now(conn: psycopg.Connection[Any]) -> datetime:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -17,6 +17,7 @@ from psycopg import sql
 
 import shigoto
 from shigoto import database, embedded
+from tests.support.runner_process import RunnerProcess, started_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,3 +87,10 @@ def conn(db_url: str) -> Iterator[psycopg.Connection]:
     """An autocommit connection to the test database, for assertions on rows."""
     with psycopg.connect(db_url, autocommit=True) as c:
         yield c
+
+
+@pytest.fixture
+def runner_processes(db_url: str, tmp_path: Path) -> Iterator[Callable[..., RunnerProcess]]:
+    """`start(*extra, workers=..., queue=..., env=...)`: a real `shigoto run` on the test
+    database, logging under `tmp_path/runners`; every one still running is killed afterwards."""
+    yield from started_processes(db_url, tmp_path / "runners")

@@ -3,9 +3,10 @@ connections killed under load, or the whole server restarted, with real runner p
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -33,20 +34,11 @@ SELECT count(pg_terminate_backend(pid)) FROM (
 
 
 @pytest.fixture
-def runners(db_url: str, tmp_path: Path) -> Iterator[Callable[[], RunnerProcess]]:
-    made: list[RunnerProcess] = []
-
-    def start() -> RunnerProcess:
-        p = RunnerProcess(
-            db_url, tmp_path / f"runner-{len(made)}.log", "--no-migrate",
-            "--global-concurrency", f"limited={LIMIT}", workers=WORKERS, queue="limited=10",
-        )  # fmt: skip
-        made.append(p)
-        return p
-
-    yield start
-    for p in made:
-        p.close()
+def runners(runner_processes: Callable[..., RunnerProcess]) -> Callable[[], RunnerProcess]:
+    return functools.partial(
+        runner_processes, "--no-migrate", "--global-concurrency", f"limited={LIMIT}",
+        workers=WORKERS, queue="limited=10",
+    )  # fmt: skip
 
 
 def enqueue(total: int, log: Path, ms: int = 100) -> None:

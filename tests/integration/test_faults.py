@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -13,20 +13,21 @@ import pytest
 
 import shigoto
 from shigoto import database
+from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import count, wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKERS = "tests.support.chaos_workers"
 
 
-def start_runner(db_url: str, log_dir: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SHIGOTO_DATABASE_URL": db_url,
-           "SHIGOTO_TEST_EXEC_LOG": str(log_dir), "SHIGOTO_LOG_LEVEL": "warning"}  # fmt: skip
-    return subprocess.Popen(
-        [sys.executable, "-m", "shigoto.cli", "run", "--queue", "chaos=10", "--import", WORKERS,
-         "--poll-interval", "0.2", "--no-migrate"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+@pytest.fixture
+def start_runner(
+    runner_processes: Callable[..., RunnerProcess], tmp_path: Path
+) -> Callable[[], RunnerProcess]:
+    """A runner that logs each perform under `tmp_path`."""
+    env = {"SHIGOTO_TEST_EXEC_LOG": str(tmp_path), "SHIGOTO_LOG_LEVEL": "warning"}
+    return functools.partial(
+        runner_processes, "--no-migrate", workers=WORKERS, queue="chaos=10", env=env
+    )
 
 
 def executions(log_dir: Path) -> list[tuple[int, int]]:
@@ -50,18 +51,16 @@ def restart_embedded_server(server_url: str) -> None:
     _commands.pg_ctl(["-w", "-m", "fast", "restart"], pgdata=pgdata, user=owner, timeout=60)
 
 
-def stop(proc: subprocess.Popen[bytes]) -> str:
-    proc.send_signal(signal.SIGTERM)
-    code = proc.wait(60)
-    err = proc.stderr.read().decode() if proc.stderr else ""
-    assert code == 0, err
-    return err
+def stop(runner: RunnerProcess) -> None:
+    runner.signal(signal.SIGTERM)
+    assert runner.wait_exit(60) == 0, runner.output()
 
 
-def test_terminated_connections_lose_no_completion(db_url, conn, tmp_path) -> None:
+@pytest.mark.slow
+def test_terminated_connections_lose_no_completion(conn, tmp_path, start_runner) -> None:
     total = 1500
     shigoto.enqueue_many([{"worker": f"{WORKERS}.work", "queue": "chaos"}] * total)
-    runner = start_runner(db_url, tmp_path)
+    runner = start_runner()
     try:
         wait_until(lambda: count(conn, "state = 'completed'") >= total // 3, timeout=120)
         killed = conn.execute(
@@ -80,13 +79,16 @@ def test_terminated_connections_lose_no_completion(db_url, conn, tmp_path) -> No
     assert len(ran) == total
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     bool(os.environ.get("SHIGOTO_TEST_DATABASE_URL")),
     reason="restarts the server: only done on the suite's own embedded PostgreSQL",
 )
-def test_runner_recovers_from_a_database_restart(server_url, db_url, conn, tmp_path) -> None:
+def test_runner_recovers_from_a_database_restart(
+    server_url, db_url, conn, tmp_path, start_runner
+) -> None:
     shigoto.enqueue_many([{"worker": f"{WORKERS}.work", "queue": "chaos"}] * 300)
-    runner = start_runner(db_url, tmp_path)
+    runner = start_runner()
     try:
         wait_until(lambda: count(conn, "state = 'completed'") >= 100, timeout=120)
         conn.close()
@@ -97,7 +99,7 @@ def test_runner_recovers_from_a_database_restart(server_url, db_url, conn, tmp_p
             shigoto.enqueue_many([{"worker": f"{WORKERS}.work", "queue": "chaos"}] * 200)
             wait_until(lambda: count(again, "state = 'completed'") == 500, timeout=120,
                        message="every job completed across the restart")  # fmt: skip
-            assert runner.poll() is None, "the runner survived the restart"
+            assert runner.proc.poll() is None, "the runner survived the restart"
             # Jobs executing at the restart had their completion retried until written.
             assert count(again, "state = 'executing'") == 0
     finally:

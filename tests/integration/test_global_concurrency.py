@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import os
+import functools
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
+from collections.abc import Callable
 
 import psycopg
 import pytest
 
 import shigoto
 from shigoto.limiter import scope_key
+from tests.support.runner_process import RunnerProcess
+from tests.support.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
+WORKERS = "tests.support.limit_workers"
 
 MAX_OVERLAP = """
 SELECT coalesce(max(c), 0) FROM (
@@ -27,24 +26,19 @@ SELECT coalesce(max(c), 0) FROM (
 """
 
 
-def start_runner(db_url: str, *extra: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SHIGOTO_DATABASE_URL": db_url}
-    return subprocess.Popen(
-        [sys.executable, "-m", "shigoto.cli", "run", "--queue", "limited=10",
-         "--import", "tests.support.limit_workers", "--poll-interval", "0.2",
-         "--global-concurrency", "limited=4", *extra],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+@pytest.fixture
+def start_runner(runner_processes: Callable[..., RunnerProcess]) -> Callable[[], RunnerProcess]:
+    return functools.partial(
+        runner_processes, "--global-concurrency", "limited=4", workers=WORKERS,
+        queue="limited=10",
     )  # fmt: skip
 
 
-def wait_for(predicate, timeout: float = 60.0, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
+def stop_all(procs: list[RunnerProcess]) -> None:
+    for p in procs:
+        p.signal(signal.SIGTERM)
+    for p in procs:
+        assert p.wait_exit(30) == 0, p.output()
 
 
 def count(conn: psycopg.Connection, query: str, *params: object) -> int:
@@ -54,13 +48,15 @@ def count(conn: psycopg.Connection, query: str, *params: object) -> int:
 
 
 @pytest.mark.slow
-def test_three_runners_never_exceed_global_limit_and_reach_it(db_url: str, conn) -> None:
+def test_three_runners_never_exceed_global_limit_and_reach_it(
+    conn: psycopg.Connection, start_runner: Callable[[], RunnerProcess]
+) -> None:
     conn.execute(
         "CREATE TABLE overlap_log (job_id bigint, pid int, started timestamptz, ended timestamptz)"
     )
     total = 200
     shigoto.enqueue_many(
-        [{"worker": "tests.support.limit_workers.record_interval", "args": {"ms": 300},
+        [{"worker": f"{WORKERS}.record_interval", "args": {"ms": 300},
           "queue": "limited"} for _ in range(total)]
     )  # fmt: skip
     # Jobs of 300 ms: a killed runner's rows count for up to 3 s (until it is known dead), and
@@ -69,32 +65,29 @@ def test_three_runners_never_exceed_global_limit_and_reach_it(db_url: str, conn)
     # The victim starts first so it is surely executing limited jobs when it is killed; the
     # others join while it runs. Which runner gets a freed slot is not fair by design (the
     # runner that frees one re-claims at once), so the test does not assume all three share.
-    victim = start_runner(db_url)
+    victim = start_runner()
     procs = [victim]
     try:
-        wait_for(lambda: count(conn, "SELECT count(*) FROM overlap_log WHERE pid = %s",
-                               victim.pid) >= 4, timeout=90)  # fmt: skip
-        procs += [start_runner(db_url) for _ in range(2)]
-        wait_for(lambda: count(conn, "SELECT count(*) FROM overlap_log") >= 40, timeout=90)
-        victim.send_signal(signal.SIGKILL)
-        victim.wait(10)
+        wait_until(lambda: count(conn, "SELECT count(*) FROM overlap_log WHERE pid = %s",
+                                 victim.proc.pid) >= 4, timeout=90)  # fmt: skip
+        procs += [start_runner() for _ in range(2)]
+        wait_until(lambda: count(conn, "SELECT count(*) FROM overlap_log") >= 40, timeout=90)
+        victim.signal(signal.SIGKILL)
+        victim.proc.wait(10)
         killed_at = conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
         # The victim's performs died with it: their intervals end no later than now.
         conn.execute("UPDATE overlap_log SET ended = %s WHERE ended IS NULL AND pid = %s",
-                     (killed_at, victim.pid))  # fmt: skip
-        wait_for(lambda: count(conn, "SELECT count(*) FROM shigoto_jobs WHERE state IN "
-                               "('available', 'scheduled')") == 0, timeout=90)  # fmt: skip
+                     (killed_at, victim.proc.pid))  # fmt: skip
+        wait_until(lambda: count(conn, "SELECT count(*) FROM shigoto_jobs WHERE state IN "
+                                 "('available', 'scheduled')") == 0, timeout=90)  # fmt: skip
         survivors = count(conn, "SELECT count(DISTINCT pid) FROM overlap_log "
                           "WHERE started >= %s", killed_at)  # fmt: skip
         assert survivors >= 1, "the other runners took over the queue"
-        wait_for(lambda: count(conn, "SELECT count(*) FROM shigoto_jobs WHERE state = "
-                               "'executing' AND attempted_by NOT LIKE %s",
-                               f"%-{victim.pid}-%") == 0)  # fmt: skip
+        wait_until(lambda: count(conn, "SELECT count(*) FROM shigoto_jobs WHERE state = "
+                                 "'executing' AND attempted_by NOT LIKE %s",
+                                 f"%-{victim.proc.pid}-%") == 0, timeout=60)  # fmt: skip
     finally:
-        for p in procs[1:]:
-            p.send_signal(signal.SIGTERM)
-        for p in procs[1:]:
-            assert p.wait(30) == 0, p.stderr.read().decode() if p.stderr else ""
+        stop_all(procs[1:])
     overall = count(conn, MAX_OVERLAP.replace("%(since)s", "'-infinity'"))
     after_kill = count(conn, MAX_OVERLAP.replace("%(since)s", "%s"), killed_at)
     assert overall == 4, f"at most 4 and at least 4 at some instant, saw {overall}"
@@ -115,40 +108,30 @@ def test_scope_keys_are_stable_and_distinct() -> None:
     assert -(2**31) <= scope_key("public", "worker", "x") < 2**31
 
 
-def start_mixed_runner(db_url: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SHIGOTO_DATABASE_URL": db_url}
-    return subprocess.Popen(
-        [sys.executable, "-m", "shigoto.cli", "run", "--queue", "mixed=10",
-         "--import", "tests.support.limit_workers", "--poll-interval", "0.2"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
-
-
 @pytest.mark.slow
-def test_worker_global_limit_holds_across_runners_without_blocking_others(db_url, conn) -> None:
+def test_worker_global_limit_holds_across_runners_without_blocking_others(
+    conn: psycopg.Connection, runner_processes: Callable[..., RunnerProcess]
+) -> None:
     conn.execute(
         "CREATE TABLE overlap_log (job_id bigint, pid int, started timestamptz, ended timestamptz)"
     )
-    limited = "tests.support.limit_workers.limited_by_worker"
+    limited = f"{WORKERS}.limited_by_worker"
     shigoto.enqueue_many([{"worker": limited, "args": {"ms": 100}, "queue": "mixed"}] * 40)
-    procs = [start_mixed_runner(db_url) for _ in range(2)]
+    procs = [runner_processes(workers=WORKERS, queue="mixed=10") for _ in range(2)]
     try:
         # Once the limited worker is saturated, unlimited jobs enqueued behind it still run.
-        wait_for(lambda: count(conn, "SELECT count(*) FROM overlap_log") >= 4, timeout=90)
+        wait_until(lambda: count(conn, "SELECT count(*) FROM overlap_log") >= 4, timeout=90)
         shigoto.enqueue_many(
-            [{"worker": "tests.support.limit_workers.unlimited", "queue": "mixed"}] * 20
+            [{"worker": f"{WORKERS}.unlimited", "queue": "mixed"}] * 20
         )
-        wait_for(lambda: count(conn, "SELECT count(*) FROM shigoto_jobs WHERE worker <> %s "
-                               "AND state = 'completed'", limited) == 20, timeout=60)  # fmt: skip
+        wait_until(lambda: count(conn, "SELECT count(*) FROM shigoto_jobs WHERE worker <> %s "
+                                 "AND state = 'completed'", limited) == 20, timeout=60)  # fmt: skip
         still_limited = count(conn, "SELECT count(*) FROM shigoto_jobs WHERE worker = %s AND "
                               "state <> 'completed'", limited)  # fmt: skip
-        wait_for(lambda: count(conn, "SELECT count(*) FROM shigoto_jobs WHERE state = "
-                               "'completed'") == 60, timeout=90)  # fmt: skip
+        wait_until(lambda: count(conn, "SELECT count(*) FROM shigoto_jobs WHERE state = "
+                                 "'completed'") == 60, timeout=90)  # fmt: skip
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            assert p.wait(30) == 0, p.stderr.read().decode() if p.stderr else ""
+        stop_all(procs)
     assert still_limited > 0, "the unlimited jobs overtook the limited backlog"
     assert count(conn, MAX_OVERLAP.replace("%(since)s", "'-infinity'")) == 2
     assert count(conn, "SELECT count(DISTINCT pid) FROM overlap_log") == 2, "both runners ran it"

@@ -2,43 +2,42 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 import pytest
 
 import shigoto
+from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKERS = "tests.support.chaos_workers"
 
 
-def runner(db_url: str, log_dir: Path, queue: str, *extra: str, app: str = "") -> subprocess.Popen:
-    env = {
-        **os.environ, "PYTHONPATH": str(ROOT), "SHIGOTO_DATABASE_URL": db_url,
-        "SHIGOTO_TEST_EXEC_LOG": str(log_dir), "PGAPPNAME": app or "shigoto-test",
-        "SHIGOTO_LOG_LEVEL": "warning",
-    }  # fmt: skip
-    return subprocess.Popen(
-        [sys.executable, "-m", "shigoto.cli", "run", "--queue", queue, "--import", WORKERS,
-         "--poll-interval", "0.2", "--no-migrate", *extra],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+@pytest.fixture
+def runner(
+    runner_processes: Callable[..., RunnerProcess], tmp_path: Path
+) -> Callable[..., RunnerProcess]:
+    """`runner(queue, *extra, app=...)`: a runner that logs each perform under `tmp_path`."""
+
+    def start(queue: str, *extra: str, app: str = "") -> RunnerProcess:
+        env = {"SHIGOTO_TEST_EXEC_LOG": str(tmp_path), "PGAPPNAME": app or "shigoto-test",
+               "SHIGOTO_LOG_LEVEL": "warning"}  # fmt: skip
+        return runner_processes("--no-migrate", *extra, workers=WORKERS, queue=queue, env=env)
+
+    return start
 
 
-def stop_all(procs: list[subprocess.Popen]) -> None:
+def stop_all(procs: list[RunnerProcess]) -> None:
     for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
+        if p.proc.poll() is None:
+            p.proc.send_signal(signal.SIGTERM)
     for p in procs:
-        code = p.wait(60)
-        assert code in (0, -signal.SIGKILL), (p.stderr.read() if p.stderr else b"").decode()
+        code = p.wait_exit(60)
+        assert code in (0, -signal.SIGKILL), p.output()
 
 
 def read_log(log_dir: Path) -> list[tuple[str, int, int, int]]:
@@ -55,11 +54,11 @@ def states(conn: psycopg.Connection) -> Counter[str]:
 
 
 @pytest.mark.slow
-def test_four_runners_claim_each_of_20000_jobs_exactly_once(db_url, conn, tmp_path) -> None:
+def test_four_runners_claim_each_of_20000_jobs_exactly_once(conn, tmp_path, runner) -> None:
     total = 20_000
     for _start in range(0, total, 5_000):
         shigoto.enqueue_many([{"worker": f"{WORKERS}.noop", "queue": "multi"}] * 5_000)
-    procs = [runner(db_url, tmp_path, "multi=20") for _ in range(4)]
+    procs = [runner("multi=20") for _ in range(4)]
     try:
         wait_until(lambda: states(conn)["completed"] == total, timeout=240,
                    message="all jobs completed")  # fmt: skip
@@ -73,19 +72,19 @@ def test_four_runners_claim_each_of_20000_jobs_exactly_once(db_url, conn, tmp_pa
 
 
 @pytest.mark.slow
-def test_chaos_kill_restart_and_cut_connections(db_url, conn, tmp_path) -> None:
+def test_chaos_kill_restart_and_cut_connections(conn, tmp_path, runner) -> None:
     total = 5_000
     shigoto.enqueue_many([{"worker": f"{WORKERS}.work", "queue": "chaos"}] * total)
     fast = ("--heartbeat-interval", "0.5", "--rescue-after", "3")
-    victim = runner(db_url, tmp_path, "chaos=10", *fast, app="chaos-victim")
-    cut = runner(db_url, tmp_path, "chaos=10", *fast, app="chaos-cut")
-    steady = runner(db_url, tmp_path, "chaos=10", *fast, app="chaos-steady")
+    victim = runner("chaos=10", *fast, app="chaos-victim")
+    cut = runner("chaos=10", *fast, app="chaos-cut")
+    steady = runner("chaos=10", *fast, app="chaos-steady")
     procs = [victim, cut, steady]
     try:
         wait_until(lambda: states(conn)["completed"] >= total // 4, timeout=120)
-        victim.send_signal(signal.SIGKILL)  # mid-job: it has performs in flight
-        victim.wait(10)
-        restarted = runner(db_url, tmp_path, "chaos=10", *fast, app="chaos-victim-2")
+        victim.signal(signal.SIGKILL)  # mid-job: it has performs in flight
+        victim.proc.wait(10)
+        restarted = runner("chaos=10", *fast, app="chaos-victim-2")
         procs.append(restarted)
         wait_until(lambda: states(conn)["completed"] >= total // 2, timeout=120)
         terminated = conn.execute(
@@ -95,7 +94,9 @@ def test_chaos_kill_restart_and_cut_connections(db_url, conn, tmp_path) -> None:
         assert terminated > 0, "the cut runner's connections were found and terminated"
         wait_until(lambda: states(conn)["completed"] == total, timeout=240,
                    message="every job completed despite the faults")  # fmt: skip
-        assert cut.poll() is None and steady.poll() is None, "surviving runners kept running"
+        assert cut.proc.poll() is None and steady.proc.poll() is None, (
+            "surviving runners kept running"
+        )
     finally:
         stop_all(procs)
     assert states(conn) == Counter({"completed": total})

@@ -7,9 +7,9 @@ a condition under a generous deadline; nothing here asserts how long something t
 
 from __future__ import annotations
 
+import functools
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,50 +18,18 @@ import pytest
 
 import shigoto
 from tests.support.runner_process import RunnerProcess
+from tests.support.waiting import row as job_row
+from tests.support.waiting import wait_until
 
 WORKERS = "tests.support.process_workers"
+DEADLINE = 30.0
 
 pytestmark = pytest.mark.slow
 
 
-def wait_until(
-    condition: Callable[[], Any], *, timeout: float = 30.0, interval: float = 0.05, what: str = ""
-) -> Any:
-    """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what or condition}")
-        time.sleep(interval)
-
-
 @pytest.fixture
-def start_runner(db_url: str, tmp_path: Path) -> Iterator[Callable[..., RunnerProcess]]:
-    started: list[RunnerProcess] = []
-
-    def start(*extra: str, queue: str = "default=5") -> RunnerProcess:
-        runner = RunnerProcess(
-            db_url, tmp_path / f"runner-{len(started)}.log", *extra, workers=WORKERS, queue=queue
-        )
-        started.append(runner)
-        return runner
-
-    yield start
-    for runner in started:
-        runner.close()
-
-
-def job_row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
-    cur = conn.execute(
-        "SELECT state, attempt, attempted_by, errors, result FROM shigoto_jobs WHERE id = %s",
-        (job_id,),
-    )
-    row = cur.fetchone()
-    assert row is not None, f"job {job_id} is gone"
-    return dict(zip(["state", "attempt", "attempted_by", "errors", "result"], row, strict=True))
+def start_runner(runner_processes: Callable[..., RunnerProcess]) -> Callable[..., RunnerProcess]:
+    return functools.partial(runner_processes, workers=WORKERS)
 
 
 def started(marker: Path) -> bool:
@@ -86,11 +54,12 @@ def test_signal_lets_the_in_flight_job_finish_and_claims_nothing_new(
     ]
     runner = start_runner("--shutdown-timeout", "30", queue="default=1")
 
-    wait_until(lambda: started(marker), what="the first job to start")
+    wait_until(lambda: started(marker), timeout=DEADLINE, message="the first job to start")
     runner.signal(sig)
     # Only once the runner has begun its shutdown does the in-flight job finish: a slot frees
     # up while jobs wait, and the runner must not take one.
-    wait_until(lambda: "stopping" in runner.output(), what="the runner to begin its shutdown")
+    wait_until(lambda: "stopping" in runner.output(), timeout=DEADLINE,
+               message="the runner to begin its shutdown")  # fmt: skip
     Path(f"{marker}.release").touch()
 
     code = runner.wait_exit()
@@ -122,7 +91,7 @@ def test_job_past_the_shutdown_timeout_is_put_back_without_consuming_an_attempt(
     job = shigoto.enqueue(f"{WORKERS}.{worker}", {"marker": str(marker), "seconds": 30})
     runner = start_runner("--shutdown-timeout", "1")
 
-    wait_until(lambda: started(marker), what="the long job to start")
+    wait_until(lambda: started(marker), timeout=DEADLINE, message="the long job to start")
     assert job_row(conn, job.id)["state"] == "executing"
     runner.signal(sig)
 
@@ -149,7 +118,7 @@ def test_a_sync_job_still_on_its_thread_is_left_for_the_rescuer(
     marker = tmp_path / "long"
     job = shigoto.enqueue(f"{WORKERS}.sleepy", {"marker": str(marker), "seconds": 30})
     runner = start_runner("--shutdown-timeout", "1")
-    wait_until(lambda: started(marker), what="the long job to start")
+    wait_until(lambda: started(marker), timeout=DEADLINE, message="the long job to start")
     runner.signal(sig)
     code = runner.wait_exit(timeout=20)
     assert code == 0, runner.output()
@@ -167,7 +136,7 @@ def test_put_back_job_runs_again_on_the_next_runner(
     marker = tmp_path / "again"
     job = shigoto.enqueue(f"{WORKERS}.async_sleepy", {"marker": str(marker), "seconds": 30})
     first = start_runner("--shutdown-timeout", "1")
-    wait_until(lambda: started(marker), what="the job to start")
+    wait_until(lambda: started(marker), timeout=DEADLINE, message="the job to start")
     first.signal(signal.SIGTERM)
     assert first.wait_exit() == 0, first.output()
     assert job_row(conn, job.id)["state"] == "available"
@@ -179,7 +148,8 @@ def test_put_back_job_runs_again_on_the_next_runner(
         (job.id,),
     )
     second = start_runner()
-    wait_until(lambda: job_row(conn, job.id)["state"] == "completed", what="the job to complete")
+    wait_until(lambda: job_row(conn, job.id)["state"] == "completed", timeout=DEADLINE,
+               message="the job to complete")  # fmt: skip
     row = job_row(conn, job.id)
     assert row["attempt"] == 1
     second.signal(signal.SIGTERM)

@@ -7,8 +7,9 @@ Hung performs wait on an event the test sets at the end, so nothing here waits o
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from shigoto.metrics import RunnerMetrics
 from shigoto.probes import HealthServer
 from shigoto.runner import StuckThreadsError
 from tests.support import engine_workers as w
+from tests.support.in_process import in_process_runners
 from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import row, state, until, wait_until
 
@@ -32,25 +34,11 @@ FAST = {"poll_interval": 0.2, "shutdown_timeout": 5.0}
 @pytest.fixture
 async def runners(db_url: str) -> AsyncIterator[Callable[..., Any]]:
     """Start in-process runners; every one still running is stopped after the test."""
-    started: list[tuple[shigoto.Runner, asyncio.Task[None]]] = []
     w.reset()
-
-    async def start(queues: dict[str, int], **options: Any) -> shigoto.Runner:
-        runner = shigoto.Runner(queues, imports=[WORKERS], **{**FAST, **options})
-        task = asyncio.create_task(runner.run())
-        started.append((runner, task))
-        await until(lambda: runner.ready.is_set() or task.done(), timeout=DEADLINE,
-                    message="runner ready")  # fmt: skip
-        assert not task.done(), f"runner exited early: {task.exception()!r}"
-        return runner
-
-    yield start
-    w.release.set()
-    for runner, _ in started:
-        await runner.stop()
-    await asyncio.wait_for(
-        asyncio.gather(*(t for _, t in started), return_exceptions=True), DEADLINE
-    )
+    async with in_process_runners(
+        [WORKERS], FAST, before_stop=w.release.set, runs_may_fail=True
+    ) as start:
+        yield start
 
 
 async def test_hung_sync_performs_do_not_delay_other_jobs_and_record_their_failure(
@@ -147,39 +135,31 @@ async def test_past_the_stuck_thread_bound_the_runner_drains_and_fails_readiness
 
 
 @pytest.fixture
-def process(db_url: str, tmp_path: Path) -> Iterator[Callable[..., RunnerProcess]]:
-    made: list[RunnerProcess] = []
-
-    def start(queue: str) -> RunnerProcess:
-        p = RunnerProcess(db_url, tmp_path / f"runner-{len(made)}.log", workers=WORKERS,
-                          queue=queue)  # fmt: skip
-        made.append(p)
-        return p
-
-    yield start
-    for p in made:
-        p.close()
+def process(runner_processes: Callable[..., RunnerProcess]) -> Callable[..., RunnerProcess]:
+    return functools.partial(runner_processes, workers=WORKERS)
 
 
+@pytest.mark.slow
 def test_shigoto_run_exits_non_zero_when_threads_stay_stuck(
     conn: psycopg.Connection, tmp_path: Path, process: Callable[..., RunnerProcess]
 ) -> None:
     markers = [str(tmp_path / f"hang-{i}") for i in range(2)]
     hung = [shigoto.enqueue(w.hang, {"marker": m}) for m in markers]
     # The default bound is the runner's concurrency (1): the second stuck thread passes it.
-    runner = process("default=1")
+    runner = process(queue="default=1")
     code = runner.wait_exit(timeout=DEADLINE)
     assert code == 2, runner.output()
     assert "outlived their timeout" in runner.output()
     assert [state(conn, j.id) for j in hung] == ["discarded", "discarded"]
 
 
+@pytest.mark.slow
 def test_sigterm_still_exits_zero_with_a_thread_stuck(
     conn: psycopg.Connection, tmp_path: Path, process: Callable[..., RunnerProcess]
 ) -> None:
     marker = str(tmp_path / "hang")
     job = shigoto.enqueue(w.hang, {"marker": marker})
-    runner = process("default=2")
+    runner = process(queue="default=2")
     wait_until(lambda: state(conn, job.id) == "discarded", timeout=DEADLINE,
                message="timed out and recorded")  # fmt: skip
     runner.signal(signal.SIGTERM)

@@ -3,44 +3,26 @@ even when they left no job behind."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import psycopg
 import pytest
 
-import shigoto
 from shigoto.rescuer import DISCARD_CHANNEL
 from tests.support import engine_workers as w
+from tests.support.in_process import RESCUE_FAST, in_process_runners
 from tests.support.waiting import row, until
 
 WORKERS = "tests.support.engine_workers"
 DEADLINE = 30.0
-FAST = {
-    "heartbeat_interval": 0.5, "rescue_after": 2.0, "rescue_interval": 0.3,
-    "poll_interval": 0.2, "leader_interval": 0.2, "shutdown_timeout": 5.0,
-}  # fmt: skip
 
 
 @pytest.fixture
 async def runners(db_url: str) -> AsyncIterator[Callable[..., Any]]:
-    started: list[tuple[shigoto.Runner, asyncio.Task[None]]] = []
     w.reset()
-
-    async def start(queues: dict[str, int], **options: Any) -> shigoto.Runner:
-        runner = shigoto.Runner(queues, imports=[WORKERS], **{**FAST, **options})
-        task = asyncio.create_task(runner.run())
-        started.append((runner, task))
-        await until(lambda: runner.ready.is_set() or task.done(), timeout=DEADLINE,
-                    message="runner ready")  # fmt: skip
-        assert not task.done(), f"runner exited early: {task.exception()!r}"
-        return runner
-
-    yield start
-    for runner, _ in started:
-        await runner.stop()
-    await asyncio.wait_for(asyncio.gather(*(t for _, t in started)), DEADLINE)
+    async with in_process_runners([WORKERS], RESCUE_FAST) as start:
+        yield start
 
 
 def ghost_job(conn: psycopg.Connection, n: int, node: str = "ghost-node") -> int:

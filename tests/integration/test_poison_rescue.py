@@ -7,7 +7,6 @@ as its (healthy, heartbeating) runner lived.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -16,35 +15,20 @@ import pytest
 
 import shigoto
 from tests.support import rescue_workers
+from tests.support.in_process import RESCUE_FAST, in_process_runners
 from tests.support.waiting import row, until
 
 WORKERS = "tests.support.rescue_workers"
 DEADLINE = 30.0
-FAST = {
-    "heartbeat_interval": 0.5, "rescue_after": 2.0, "rescue_interval": 0.3,
-    "poll_interval": 0.2, "leader_interval": 0.2, "shutdown_timeout": 5.0,
-}  # fmt: skip
 
 
 @pytest.fixture
 async def in_process(db_url: str) -> AsyncIterator[Callable[..., Any]]:
-    running: list[tuple[shigoto.Runner, asyncio.Task[None]]] = []
     rescue_workers.reset()
-
-    async def start(queues: dict[str, int], **overrides: Any) -> shigoto.Runner:
-        runner = shigoto.Runner(queues, imports=[WORKERS], **{**FAST, **overrides})
-        task = asyncio.create_task(runner.run())
-        running.append((runner, task))
-        await until(lambda: runner.ready.is_set() or task.done(), timeout=DEADLINE,
-                    message="runner ready")  # fmt: skip
-        assert not task.done(), f"runner exited early: {task.exception()!r}"
-        return runner
-
-    yield start
-    rescue_workers.release()
-    for runner, _ in running:
-        await runner.stop()
-    await asyncio.wait_for(asyncio.gather(*(t for _, t in running)), DEADLINE)
+    async with in_process_runners(
+        [WORKERS], RESCUE_FAST, before_stop=rescue_workers.release
+    ) as start:
+        yield start
 
 
 def executing_on(

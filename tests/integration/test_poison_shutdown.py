@@ -21,16 +21,13 @@ import pytest
 
 import shigoto
 from tests.support import rescue_workers
+from tests.support.in_process import RESCUE_FAST, in_process_runners
 from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import row, until
 
 WORKERS = "tests.support.rescue_workers"
 MODULE = __name__
 DEADLINE = 30.0
-FAST = {
-    "heartbeat_interval": 0.5, "rescue_after": 2.0, "rescue_interval": 0.3,
-    "poll_interval": 0.2, "leader_interval": 0.2, "shutdown_timeout": 5.0,
-}  # fmt: skip
 
 
 @shigoto.worker(name="poison.cooperative")
@@ -45,46 +42,33 @@ def cooperative(marker: str) -> str:
 
 @pytest.fixture
 async def in_process(db_url: str) -> AsyncIterator[Callable[..., Any]]:
-    running: list[tuple[shigoto.Runner, asyncio.Task[None]]] = []
     rescue_workers.reset()
-
-    async def start(queues: dict[str, int], **overrides: Any) -> shigoto.Runner:
-        runner = shigoto.Runner(queues, imports=[WORKERS, MODULE], **{**FAST, **overrides})
-        task = asyncio.create_task(runner.run())
-        running.append((runner, task))
-        await until(lambda: runner.ready.is_set() or task.done(), timeout=DEADLINE,
-                    message="runner ready")  # fmt: skip
-        assert not task.done(), f"runner exited early: {task.exception()!r}"
-        return runner
-
-    yield start
-    rescue_workers.release()
-    for runner, _ in running:
-        await runner.stop()
-    await asyncio.wait_for(asyncio.gather(*(t for _, t in running)), DEADLINE)
+    async with in_process_runners(
+        [WORKERS, MODULE], RESCUE_FAST, before_stop=rescue_workers.release
+    ) as start:
+        yield start
 
 
+@pytest.mark.slow
 async def test_a_drain_longer_than_rescue_after_is_not_rescued(
-    db_url: str, conn: psycopg.Connection, tmp_path: Path, in_process: Callable[..., Any]
-) -> None:
+    conn: psycopg.Connection, tmp_path: Path, in_process: Callable[..., Any],
+    runner_processes: Callable[..., RunnerProcess],
+) -> None:  # fmt: skip
     leader = await in_process({"elsewhere": 1})  # leads, and never claims the job itself
     await until(lambda: leader.elector.is_leader, timeout=DEADLINE, message="leads")
     marker = str(tmp_path / "drain")
     # Runs three times rescue_after: a silent node would be rescued twice over.
     job = shigoto.enqueue(rescue_workers.stall, {"marker": marker, "seconds": 6})
-    proc = RunnerProcess(
-        db_url, tmp_path / "runner.log", "--heartbeat-interval", "0.5", "--rescue-after", "2",
-        "--shutdown-timeout", "60", workers=WORKERS, queue="default=1",
+    proc = runner_processes(
+        "--heartbeat-interval", "0.5", "--rescue-after", "2", "--shutdown-timeout", "60",
+        workers=WORKERS, queue="default=1",
     )  # fmt: skip
-    try:
-        started = rescue_workers.marker_path(marker, 1)
-        await until(lambda: started.exists() or proc.proc.poll() is not None,
-                    timeout=DEADLINE, message="the job started in the subprocess")  # fmt: skip
-        proc.signal(signal.SIGTERM)
-        code = await asyncio.to_thread(proc.wait_exit, 60.0)
-        assert code == 0, proc.output()
-    finally:
-        proc.close()
+    started = rescue_workers.marker_path(marker, 1)
+    await until(lambda: started.exists() or proc.proc.poll() is not None,
+                timeout=DEADLINE, message="the job started in the subprocess")  # fmt: skip
+    proc.signal(signal.SIGTERM)
+    code = await asyncio.to_thread(proc.wait_exit, 60.0)
+    assert code == 0, proc.output()
     done = row(conn, job.id)
     assert (done["state"], done["attempt"], done["errors"]) == ("completed", 1, []), (
         proc.output()

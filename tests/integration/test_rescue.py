@@ -6,10 +6,10 @@ Every wait polls a condition under a generous deadline; nothing asserts how long
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import pytest
 
 import shigoto
 from tests.support import rescue_workers
+from tests.support.in_process import RESCUE_FAST, in_process_runners
 from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import row, until
 
@@ -25,52 +26,23 @@ WORKERS = "tests.support.rescue_workers"
 STALL = rescue_workers.stall.name
 DEADLINE = 30.0
 
-#: Short intervals so a dead node is noticed within seconds (rescue_after must exceed heartbeat).
-FAST = {
-    "heartbeat_interval": 0.5, "rescue_after": 2.0, "rescue_interval": 0.3,
-    "poll_interval": 0.2, "leader_interval": 0.2, "shutdown_timeout": 5.0,
-}  # fmt: skip
-
 
 # -- helpers --------------------------------------------------------------------------------
 
 
 @pytest.fixture
-def runner_process(db_url: str, tmp_path: Path) -> Iterator[Callable[[], RunnerProcess]]:
-    made: list[RunnerProcess] = []
-
-    def start() -> RunnerProcess:
-        p = RunnerProcess(
-            db_url, tmp_path / f"runner-{len(made)}.log", workers=WORKERS, queue="default=2"
-        )
-        made.append(p)
-        return p
-
-    yield start
-    for p in made:
-        p.close()
+def runner_process(runner_processes: Callable[..., RunnerProcess]) -> Callable[[], RunnerProcess]:
+    return functools.partial(runner_processes, workers=WORKERS, queue="default=2")
 
 
 @pytest.fixture
 async def in_process(db_url: str) -> AsyncIterator[Callable[..., Any]]:
-    """Start in-process runners with FAST settings; all are stopped after the test."""
-    running: list[tuple[shigoto.Runner, asyncio.Task[None]]] = []
+    """Start in-process runners with RESCUE_FAST settings; all are stopped after the test."""
     rescue_workers.reset()
-
-    async def start(queues: dict[str, int], **overrides: Any) -> shigoto.Runner:
-        runner = shigoto.Runner(queues, imports=[WORKERS], **{**FAST, **overrides})
-        task = asyncio.create_task(runner.run())
-        running.append((runner, task))
-        await until(lambda: runner.ready.is_set() or task.done(), timeout=DEADLINE,
-                    message="runner ready")  # fmt: skip
-        assert not task.done(), f"runner exited early: {task.exception()!r}"
-        return runner
-
-    yield start
-    rescue_workers.release()
-    for runner, _ in running:
-        await runner.stop()
-    await asyncio.wait_for(asyncio.gather(*(t for _, t in running)), DEADLINE)
+    async with in_process_runners(
+        [WORKERS], RESCUE_FAST, before_stop=rescue_workers.release
+    ) as start:
+        yield start
 
 
 def rescue_errors(job: dict[str, Any]) -> list[dict[str, Any]]:
@@ -80,6 +52,7 @@ def rescue_errors(job: dict[str, Any]) -> list[dict[str, Any]]:
 # -- a killed runner ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_jobs_of_a_sigkilled_runner_are_rescued_and_rerun(
     db_url: str,
     conn: psycopg.Connection,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,8 +19,11 @@ import pytest
 import shigoto
 from shigoto import telemetry
 from shigoto.job import Job
+from tests.support.in_process import start, stop
+from tests.support.waiting import until
 
 QUEUE = "default"
+DEADLINE = 30.0
 
 
 @shigoto.worker
@@ -75,33 +77,10 @@ class Recorder:
         return [(m, md) for m, md in self.named(event) if md["job"].worker == worker.name]
 
 
-async def eventually(condition: Callable[[], Any], *, timeout: float = 30.0, what: str) -> Any:
-    """Poll `condition()` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 def make_runner(db_url: str, **overrides: Any) -> shigoto.Runner:
     return shigoto.Runner(
         {QUEUE: 5}, database_url=db_url, poll_interval=0.2, stage_interval=0.1, **overrides
     )
-
-
-async def start(runner: shigoto.Runner) -> asyncio.Task[None]:
-    task = asyncio.create_task(runner.run())
-    ready = asyncio.create_task(runner.ready.wait())
-    await asyncio.wait({task, ready}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        ready.cancel()
-        task.result()
-    assert runner.ready.is_set(), "runner did not become ready within 60 s"
-    return task
 
 
 @pytest.fixture
@@ -145,18 +124,20 @@ async def test_subscribers_receive_every_documented_event(
         await shigoto.aenqueue(called_off)
         await shigoto.aenqueue(too_slow)
         await shigoto.aenqueue(fine, {"n": 8}, schedule_in=0.3)
-        await eventually(lambda: len(recorder.for_worker("job.stop", fine)) == 2, what="2 stops")
-        await eventually(lambda: recorder.named("job.cancel"), what="job.cancel")
-        await eventually(lambda: recorder.named("job.snooze"), what="job.snooze")
-        await eventually(lambda: len(recorder.named("job.discard")) == 3, what="3 discards")
-        await eventually(lambda: archived(conn, ok.id), what="the completed job archived")
-        await eventually(
+        await until(lambda: len(recorder.for_worker("job.stop", fine)) == 2, timeout=DEADLINE,
+                    message="2 stops")  # fmt: skip
+        await until(lambda: recorder.named("job.cancel"), timeout=DEADLINE, message="job.cancel")
+        await until(lambda: recorder.named("job.snooze"), timeout=DEADLINE, message="job.snooze")
+        await until(lambda: len(recorder.named("job.discard")) == 3, timeout=DEADLINE,
+                    message="3 discards")  # fmt: skip
+        await until(lambda: archived(conn, ok.id), timeout=DEADLINE,
+                    message="the completed job archived")  # fmt: skip
+        await until(
             lambda: any(m["archived"] >= 1 for m, _ in recorder.named("pruner.prune")),
-            what="pruner.prune reporting the archived job",
+            timeout=DEADLINE, message="pruner.prune reporting the archived job",
         )
     finally:
-        await runner.stop()
-        await asyncio.wait_for(task, 60)
+        await stop(runner, task)
 
     starts = recorder.named("job.start")
     assert len(starts) == 7
@@ -213,10 +194,10 @@ async def test_a_failing_subscriber_is_logged_and_the_job_still_completes(
     task = await start(runner)
     try:
         job = await shigoto.aenqueue(fine, {"n": 1})
-        await eventually(lambda: state_of(conn, job.id) == "completed", what="job completed")
+        await until(lambda: state_of(conn, job.id) == "completed", timeout=DEADLINE,
+                    message="job completed")  # fmt: skip
     finally:
-        await runner.stop()
-        await asyncio.wait_for(task, 60)
+        await stop(runner, task)
     assert [md["job"].id for _, md in recorder.named("job.stop")] == [job.id]
     failures = [r for r in caplog.records if r.name == "shigoto.telemetry"]
     assert any("job.start" in r.getMessage() for r in failures)

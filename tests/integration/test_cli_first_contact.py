@@ -7,7 +7,6 @@ import json
 import signal
 import socket
 import sys
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from shigoto import telemetry
 from shigoto.cli import redact
 from shigoto.cron import load_file
 from tests.integration.test_cli import ok, refused, shigoto_cli, state_of
+from tests.support.http_probe import http_get
 from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import wait_until
 
@@ -223,6 +223,7 @@ def _health_url(runner: RunnerProcess) -> str:
     return wait_until(found, message=runner.output())
 
 
+@pytest.mark.slow
 def test_health_host_and_a_quiet_graceful_stop(db_url: str, tmp_path: Path) -> None:
     runner = RunnerProcess(db_url, tmp_path / "runner.log", "--health-port", "0",
                            workers=WORKERS)  # fmt: skip
@@ -237,8 +238,7 @@ def test_health_host_and_a_quiet_graceful_stop(db_url: str, tmp_path: Path) -> N
         try:
             url = _health_url(local)
             assert url.startswith("http://127.0.0.1:"), url
-            with urllib.request.urlopen(url + "/healthz", timeout=10) as response:
-                assert response.status == 200
+            assert http_get(url + "/healthz")[0] == 200
             local.signal(signal.SIGTERM)
             assert local.wait_exit() == 0
             out = local.output()
@@ -250,6 +250,7 @@ def test_health_host_and_a_quiet_graceful_stop(db_url: str, tmp_path: Path) -> N
         runner_env.close()
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_exits_at_once(
     db_url: str, conn: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
@@ -270,6 +271,7 @@ def test_a_second_ctrl_c_exits_at_once(
         runner.close()
 
 
+@pytest.mark.slow
 def test_console_script_imports_from_the_current_directory(
     db_url: str, conn: psycopg.Connection[Any], tmp_path: Path
 ) -> None:

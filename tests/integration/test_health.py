@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -22,8 +20,12 @@ from prometheus_client.parser import text_string_to_metric_families
 import shigoto
 from shigoto.migrate import latest_version
 from shigoto.probes import HealthServer, probe_database
+from tests.support.http_probe import aget, http_get
+from tests.support.in_process import start, stop
+from tests.support.waiting import until
 
 QUEUE = "default"
+DEADLINE = 30.0
 
 
 @shigoto.worker
@@ -49,38 +51,6 @@ def give_up() -> shigoto.Cancel:
 # -- helpers ------------------------------------------------------------------------------
 
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
-
-
-def http_get(url: str) -> tuple[int, str, bytes]:
-    """GET `url`; the status, content type and body, whatever the status."""
-    try:
-        with _OPENER.open(url, timeout=10) as resp:
-            return resp.status, resp.headers["Content-Type"], resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.headers["Content-Type"], exc.read()
-
-
-async def aget(server: HealthServer, path: str) -> tuple[int, Any]:
-    """GET a path of `server` from a thread (the loop keeps running); JSON bodies decoded."""
-    code, ctype, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{server.port}{path}")
-    return code, json.loads(body) if ctype == "application/json" else body.decode()
-
-
-async def eventually(
-    probe: Callable[[], Awaitable[Any]], *, timeout: float = 30.0, what: str = ""
-) -> Any:
-    """Await `probe()` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what or probe}")
-        await asyncio.sleep(0.05)
-
-
 def sample(text: str, name: str, **labels: str) -> float | None:
     """The value of the sample `name{labels}` in a Prometheus exposition, None if absent."""
     for family in text_string_to_metric_families(text):
@@ -99,22 +69,6 @@ def make_server(runner: shigoto.Runner, **kwargs: Any) -> HealthServer:
     return HealthServer(runner, port=0, host="127.0.0.1", **options)
 
 
-async def start_runner(runner: shigoto.Runner) -> asyncio.Task[None]:
-    task = asyncio.create_task(runner.run())
-    ready = asyncio.create_task(runner.ready.wait())
-    await asyncio.wait({task, ready}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        ready.cancel()
-        task.result()  # raises what made run() fail
-    assert runner.ready.is_set(), "runner did not become ready within 60 s"
-    return task
-
-
-async def stop_runner(runner: shigoto.Runner, task: asyncio.Task[None]) -> None:
-    await runner.stop()
-    await asyncio.wait_for(task, 60)
-
-
 @pytest.fixture
 async def served(db_url: str) -> AsyncIterator[tuple[shigoto.Runner, HealthServer]]:
     """A running runner with its health server."""
@@ -122,11 +76,11 @@ async def served(db_url: str) -> AsyncIterator[tuple[shigoto.Runner, HealthServe
     server = make_server(runner)
     await server.start()
     try:
-        task = await start_runner(runner)
+        task = await start(runner)
         try:
             yield runner, server
         finally:
-            await stop_runner(runner, task)
+            await stop(runner, task)
     finally:
         await server.stop()
 
@@ -142,10 +96,10 @@ def job_states(conn: psycopg.Connection, ids: list[int]) -> dict[int, str]:
 async def test_healthz_answers_ok_and_binds_a_free_port(served) -> None:
     _, server = served
     assert server.port > 0
-    code, body = await aget(server, "/healthz")
+    code, body = await aget(server.port, "/healthz")
     assert code == 200
     assert body["status"] == "ok"
-    code, body = await aget(server, "/nowhere")
+    code, body = await aget(server.port, "/nowhere")
     assert code == 404
 
 
@@ -154,7 +108,7 @@ async def test_healthz_reports_a_blocked_event_loop(db_url: str) -> None:
     server = make_server(runner, stall_after=0.5, tick_interval=0.05)
     await server.start()
     try:
-        await eventually(lambda: aget(server, "/healthz"), what="first answer")
+        await until(lambda: aget(server.port, "/healthz"), timeout=DEADLINE, message="first answer")
         # Block the loop on purpose: the ticker cannot run, the HTTP thread still answers.
         time.sleep(1.0)
         code, _, body = http_get(f"http://127.0.0.1:{server.port}/healthz")
@@ -162,9 +116,10 @@ async def test_healthz_reports_a_blocked_event_loop(db_url: str) -> None:
         assert json.loads(body)["status"] == "stalled"
 
         async def healthy_again() -> bool:
-            return (await aget(server, "/healthz"))[0] == 200
+            return (await aget(server.port, "/healthz"))[0] == 200
 
-        await eventually(healthy_again, what="/healthz back to 200 once the loop runs")
+        await until(healthy_again, timeout=DEADLINE,
+                    message="/healthz back to 200 once the loop runs")  # fmt: skip
     finally:
         await server.stop()
 
@@ -177,20 +132,20 @@ async def test_readyz_follows_the_runner_lifecycle(db_url: str) -> None:
     server = make_server(runner)
     await server.start()
     try:
-        code, body = await aget(server, "/readyz")
+        code, body = await aget(server.port, "/readyz")
         assert code == 503, body  # not started yet
-        task = await start_runner(runner)
+        task = await start(runner)
         try:
 
             async def ready() -> Any:
-                code, body = await aget(server, "/readyz")
+                code, body = await aget(server.port, "/readyz")
                 return body if code == 200 else None
 
-            body = await eventually(ready, what="/readyz 200 after runner.ready")
+            body = await until(ready, timeout=DEADLINE, message="/readyz 200 after runner.ready")
             assert body["status"] == "ready"
         finally:
-            await stop_runner(runner, task)
-        code, body = await aget(server, "/readyz")
+            await stop(runner, task)
+        code, body = await aget(server.port, "/readyz")
         assert code == 503, body  # stopped
     finally:
         await server.stop()
@@ -202,16 +157,17 @@ async def test_readyz_is_503_with_a_reason_when_the_schema_falls_behind(
     _, server = served
 
     async def ready() -> bool:
-        return (await aget(server, "/readyz"))[0] == 200
+        return (await aget(server.port, "/readyz"))[0] == 200
 
-    await eventually(ready, what="/readyz 200 on the current schema")
+    await until(ready, timeout=DEADLINE, message="/readyz 200 on the current schema")
     conn.execute("DELETE FROM shigoto_schema_migrations WHERE version = %s", (latest_version(),))
 
     async def behind() -> Any:
-        code, body = await aget(server, "/readyz")
+        code, body = await aget(server.port, "/readyz")
         return body if code == 503 else None
 
-    body = await eventually(behind, what="/readyz 503 once the latest migration is missing")
+    body = await until(behind, timeout=DEADLINE,
+                       message="/readyz 503 once the latest migration is missing")  # fmt: skip
     assert "shigoto migrate" in body["reason"]
     assert f"needs {latest_version()}" in body["reason"]
 
@@ -242,7 +198,7 @@ async def test_metrics_count_outcomes_and_queue_depth(served, conn: psycopg.Conn
     labels = {"queue": QUEUE}
 
     async def metrics() -> str:
-        code, text = await aget(server, "/metrics")
+        code, text = await aget(server.port, "/metrics")
         assert code == 200
         return text
 
@@ -255,20 +211,27 @@ async def test_metrics_count_outcomes_and_queue_depth(served, conn: psycopg.Conn
 
     ids = [(await shigoto.aenqueue(succeed, {"n": i})).id for i in range(3)]
     ids += [(await shigoto.aenqueue(explode)).id for _ in range(2)]
-    await eventually(counted("shigoto_jobs_completed_total", succeed, 3), what="3 done")
-    await eventually(counted("shigoto_jobs_failed_total", explode, 2), what="2 failed")
+    await until(counted("shigoto_jobs_completed_total", succeed, 3), timeout=DEADLINE,
+                message="3 done")  # fmt: skip
+    await until(counted("shigoto_jobs_failed_total", explode, 2), timeout=DEADLINE,
+                message="2 failed")  # fmt: skip
 
     ids += [(await shigoto.aenqueue(succeed, {"n": 9})).id]
     ids += [(await shigoto.aenqueue(w)).id for w in (explode, nap, give_up)]
-    await eventually(counted("shigoto_jobs_completed_total", succeed, 4), what="4 done")
-    await eventually(counted("shigoto_jobs_failed_total", explode, 3), what="3 failed")
-    await eventually(counted("shigoto_jobs_snoozed_total", nap, 1), what="1 snoozed")
-    await eventually(counted("shigoto_jobs_cancelled_total", give_up, 1), what="cancel")
+    await until(counted("shigoto_jobs_completed_total", succeed, 4), timeout=DEADLINE,
+                message="4 done")  # fmt: skip
+    await until(counted("shigoto_jobs_failed_total", explode, 3), timeout=DEADLINE,
+                message="3 failed")  # fmt: skip
+    await until(counted("shigoto_jobs_snoozed_total", nap, 1), timeout=DEADLINE,
+                message="1 snoozed")  # fmt: skip
+    await until(counted("shigoto_jobs_cancelled_total", give_up, 1), timeout=DEADLINE,
+                message="cancel")  # fmt: skip
 
     def settled() -> bool:
         return "executing" not in job_states(conn, ids).values()
 
-    await eventually(lambda: asyncio.to_thread(settled), what="every job acknowledged")
+    await until(lambda: asyncio.to_thread(settled), timeout=DEADLINE,
+                message="every job acknowledged")  # fmt: skip
 
     async def depth_settled() -> bool:
         text = await metrics()
@@ -278,7 +241,7 @@ async def test_metrics_count_outcomes_and_queue_depth(served, conn: psycopg.Conn
             for state, count in want.items()
         )
 
-    await eventually(depth_settled, what="queue depth gauge matching the table")
+    await until(depth_settled, timeout=DEADLINE, message="queue depth gauge matching the table")
 
     text = await metrics()
     assert sample(text, "shigoto_jobs_completed_total", worker=succeed.name, **labels) == 4

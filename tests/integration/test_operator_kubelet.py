@@ -18,7 +18,6 @@ import os
 import signal
 import socket
 import sys
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import pytest
 
 import shigoto
 from shigoto_operator import k8s
+from tests.support.http_probe import http_get
 from tests.support.operator_harness import Cluster, eventually, running_operator
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -139,8 +139,7 @@ class Kubelet:
     @staticmethod
     def probe(pod: Pod) -> bool:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{pod.port}/readyz", timeout=1) as r:
-                return bool(r.status == 200)
+            return http_get(f"http://127.0.0.1:{pod.port}/readyz", timeout=1)[0] == 200
         except OSError:
             return False
 

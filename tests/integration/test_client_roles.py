@@ -67,6 +67,7 @@ def test_pending_migrations_name_the_role_and_what_to_do(
         shigoto.migrate(runtime_url)
 
 
+@pytest.mark.slow
 def test_shigoto_run_as_the_runtime_role(
     runtime_url: str, conn: psycopg.Connection[Any], tmp_path: Path
 ) -> None:

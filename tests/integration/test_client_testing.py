@@ -113,6 +113,7 @@ def test_assertions_read_the_database_when_no_mode_is_active(db_url: str) -> Non
     testing.assert_enqueued(cw.send_welcome, count=1)  # the completed one is no longer waiting
 
 
+@pytest.mark.slow
 def test_the_pytest_plugin_gives_a_shigoto_fixture(tmp_path: Path) -> None:
     (tmp_path / "test_app.py").write_text('''
 from tests.support import client_workers as cw

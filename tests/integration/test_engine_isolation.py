@@ -3,7 +3,6 @@ results, outcomes, errors and progress come back from it."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 import shigoto
 from shigoto.errors import ValidationError
 from tests.support import engine_workers as w
+from tests.support.in_process import in_process_runners
 from tests.support.waiting import row, state, until
 
 WORKERS = "tests.support.engine_workers"
@@ -23,13 +23,9 @@ DEADLINE = 30.0
 @pytest.fixture
 async def runner(db_url: str) -> AsyncIterator[shigoto.Runner]:
     w.reset()
-    r = shigoto.Runner({"default": 4}, imports=[WORKERS], poll_interval=0.2, shutdown_timeout=5)
-    task = asyncio.create_task(r.run())
-    await until(lambda: r.ready.is_set() or task.done(), timeout=DEADLINE, message="ready")
-    assert not task.done(), f"runner exited early: {task.exception()!r}"
-    yield r
-    await r.stop()
-    await asyncio.wait_for(task, DEADLINE)
+    settings = {"poll_interval": 0.2, "shutdown_timeout": 5}
+    async with in_process_runners([WORKERS], settings) as start:
+        yield await start({"default": 4})
 
 
 def _pid(marker: Path) -> int | None:

@@ -15,6 +15,7 @@ import pytest
 
 import shigoto
 from shigoto.migrate import load_migrations, migrations_dir
+from tests.support.waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = "tests.support.process_workers"
@@ -153,19 +154,19 @@ async def test_enqueue_and_run_in_a_custom_schema(empty_db_url: str) -> None:
     task = asyncio.create_task(runner.run())
     try:
         async with await psycopg.AsyncConnection.connect(empty_db_url, autocommit=True) as conn:
-            for _ in range(600):
+
+            async def completed() -> Any:
                 if task.done():
                     task.result()  # surfaces the runner's error
                     pytest.fail("runner exited on its own")
                 cur = await conn.execute(
                     "SELECT state, result FROM custom.shigoto_jobs WHERE id = %s", (job.id,)
                 )
-                row = await cur.fetchone()
-                if row and row[0] == "completed":
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                pytest.fail(f"job {job.id} not completed in the custom schema: {row}")
+                found = await cur.fetchone()
+                return found if found and found[0] == "completed" else None
+
+            row = await until(completed, timeout=30,
+                              message=f"job {job.id} completed in the custom schema")  # fmt: skip
         assert row[1] == {"n": 7}
     finally:
         await runner.stop()

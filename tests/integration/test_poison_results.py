@@ -22,6 +22,7 @@ from shigoto.completer import Completer
 from shigoto.executor import Completion
 from shigoto.job import Job, JobState
 from shigoto.producer import Producer
+from tests.support.in_process import in_process_runners
 from tests.support.waiting import count, row, until
 
 MODULE = __name__
@@ -46,13 +47,8 @@ def good(n: int) -> dict[str, int]:
 @pytest.fixture
 async def runner(db_url: str) -> AsyncIterator[shigoto.Runner]:
     """One runner, one slot: every outcome goes through the same completer, in order."""
-    runner = shigoto.Runner({"default": 1}, imports=[MODULE], poll_interval=0.2)
-    task = asyncio.create_task(runner.run())
-    await until(lambda: runner.ready.is_set() or task.done(), timeout=DEADLINE)
-    assert not task.done(), f"runner exited early: {task.exception()!r}"
-    yield runner
-    await runner.stop()
-    await asyncio.wait_for(task, DEADLINE)
+    async with in_process_runners([MODULE], {"poll_interval": 0.2}) as start:
+        yield await start({"default": 1})
 
 
 @pytest.mark.parametrize("worker", [nul_result, surrogate_result])

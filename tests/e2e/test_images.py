@@ -25,9 +25,8 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,6 +35,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import shigoto
+from tests.support.waiting import wait_until
 
 T = TypeVar("T")
 
@@ -87,16 +87,6 @@ def docker(*argv: str, timeout: float = 120, env: dict[str, str] | None = None,
     return result
 
 
-def eventually(condition: Callable[[], T], *, timeout: float, message: str) -> T:
-    """Poll until `condition` returns something truthy, within a deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f} s: {message}")
-        time.sleep(0.2)
 
 
 # --- the images ----------------------------------------------------------------------------------
@@ -292,7 +282,7 @@ def test_example_image_drains_a_queue_and_exits_0_on_sigterm(
            "--import", "shigoto_example.workers", "--no-migrate")  # fmt: skip
     try:
         try:
-            eventually(lambda: count(url, "state = 'completed'") == JOBS, timeout=180,
+            wait_until(lambda: count(url, "state = 'completed'") == JOBS, timeout=180,
                        message=f"{JOBS} jobs completed by {images.example}")  # fmt: skip
         except AssertionError as error:
             logs = docker("logs", name, check=False)

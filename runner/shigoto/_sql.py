@@ -11,14 +11,15 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from shigoto.job import JOB_COLUMNS
+from shigoto.job import FINISHED_STATES, JOB_COLUMNS, JobState
 
 #: LISTEN/NOTIFY channels. Payloads are "<schema>.<rest>" so several schemas can share a
 #: database without waking each other's runners for nothing.
 INSERT_CHANNEL = "shigoto_insert"
 CANCEL_CHANNEL = "shigoto_cancel"
 
-_FINISHED = "('completed', 'discarded', 'cancelled')"
+# In JobState's order, so the text matches the partial indexes' predicates word for word.
+_FINISHED = "(" + ", ".join(f"'{s}'" for s in JobState if s in FINISHED_STATES) + ")"
 # Named, not `*`: the archive's columns are the jobs table's plus archived_at, and columns added
 # by later migrations land in a different position in each table.
 _COLUMNS = ", ".join(JOB_COLUMNS)

@@ -282,7 +282,7 @@ def _finished(job: Job, completion: Any) -> Job:
 # -- assertions -------------------------------------------------------------------------------
 
 #: States of a job that is enqueued and has not run yet (database mode).
-_WAITING = ("available", "scheduled", "retryable")
+_WAITING = tuple(s.value for s in (JobState.AVAILABLE, JobState.SCHEDULED, JobState.RETRYABLE))
 
 
 def _worker_name(worker: Any) -> str | None:

@@ -35,44 +35,39 @@ DEFAULT_HEALTH_HOST = "0.0.0.0"
 # -- values from flags and env vars ---------------------------------------------------------
 
 
-def _seconds(text: str) -> float:
+def _number(text: str, convert: Callable[[str], Any], what: str) -> Any:
     try:
-        value = float(text)
+        return convert(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+
+
+def _seconds(text: str) -> float:
+    value = _number(text, float, "a number of seconds")
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
+    return float(value)
 
 
 def _age(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    value = _number(text, float, "a number of seconds")
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be zero or more seconds, got {text!r}")
-    return value
+    return float(value)
 
 
 def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a port number, got {text!r}") from None
+    value = _number(text, int, "a port number")
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be from 0 to 65535, got {value}")
-    return value
+    return int(value)
 
 
 def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    value = _number(text, int, "a whole number")
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+    return int(value)
 
 
 def _log_level(text: str) -> str:

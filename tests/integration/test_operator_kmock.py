@@ -521,11 +521,7 @@ async def test_fresh_database_is_migrated_and_becomes_ready(kmock: Any, empty_db
             k8s.CRON_SCHEDULES,
             CRON,
             "nightly",
-            {
-                "schedule": "0 3 * * *",
-                "worker": "shop.workers.report",
-                "database": {"secretRef": {"name": "pg"}},
-            },
+            cron_spec(),
         )
         await eventually(
             lambda: _ready(cluster, k8s.CRON_SCHEDULES, "nightly"), message="cron Ready"
@@ -639,11 +635,7 @@ async def test_operator_keeps_no_client_pool_per_url(
             k8s.CRON_SCHEDULES,
             CRON,
             "rows",
-            {
-                "schedule": "0 3 * * *",
-                "worker": "shop.workers.report",
-                "database": {"secretRef": {"name": "pg"}},
-            },
+            cron_spec(),
         )
         await eventually(lambda: _ready(cluster, k8s.QUEUES, "set"), message="Queue Ready")
         await eventually(lambda: _ready(cluster, k8s.CRON_SCHEDULES, "rows"), message="cron")
@@ -669,11 +661,7 @@ async def test_a_cron_row_in_a_vanished_database_does_not_block_deletion_forever
             k8s.CRON_SCHEDULES,
             CRON,
             "orphan",
-            {
-                "schedule": "0 3 * * *",
-                "worker": "shop.workers.report",
-                "database": {"secretRef": {"name": "pg"}},
-            },
+            cron_spec(),
         )
         await eventually(lambda: _ready(cluster, k8s.CRON_SCHEDULES, "orphan"), message="cron")
         dbname = conninfo_to_dict(empty_db_url)["dbname"]

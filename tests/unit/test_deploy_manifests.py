@@ -165,14 +165,18 @@ def test_kustomize_builds_the_base() -> None:
 # --- RBAC --------------------------------------------------------------------------------------
 
 
-def _granted() -> dict[tuple[str, str], set[str]]:
-    role = _one("ClusterRole", "shigoto-operator")
+def granted_by(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    """(API group, resource) -> verbs, over all of a Role's or ClusterRole's rules."""
     granted: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 granted.setdefault((group, resource), set()).update(rule["verbs"])
     return granted
+
+
+def _granted() -> dict[tuple[str, str], set[str]]:
+    return granted_by(_one("ClusterRole", "shigoto-operator"))
 
 
 def test_rbac_grants_exactly_what_the_operator_uses() -> None:

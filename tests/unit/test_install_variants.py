@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.unit.test_deploy_manifests import DEPLOY, EXPECTED_RULES
+from tests.unit.test_deploy_manifests import DEPLOY, EXPECTED_RULES, granted_by
 
 pytestmark = pytest.mark.skipif(
     shutil.which("kubectl") is None, reason="kubectl (its embedded kustomize) is not on PATH"
@@ -33,15 +33,6 @@ def render(directory: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
-def rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
-    out: dict[tuple[str, str], set[str]] = {}
-    for rule in role["rules"]:
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                out.setdefault((group, resource), set()).update(rule["verbs"])
-    return out
-
-
 def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [o for o in objects if o["kind"] == kind]
 
@@ -49,13 +40,13 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 def test_namespaced_install_has_no_cluster_wide_rights_on_data() -> None:
     objects = render(DEPLOY / "namespaced")
     [cluster_role] = by_kind(objects, "ClusterRole")
-    assert rules(cluster_role) == {
+    assert granted_by(cluster_role) == {
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
         ("", "namespaces"): {"list", "watch"},
     }
     [role] = by_kind(objects, "Role")
     expected = {k: v for k, v in EXPECTED_RULES.items() if k not in CLUSTER_ONLY}
-    assert rules(role) == expected
+    assert granted_by(role) == expected
     [binding] = by_kind(objects, "RoleBinding")
     assert binding["metadata"]["namespace"] == role["metadata"]["namespace"]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]

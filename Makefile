@@ -17,6 +17,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check runner operator tests
+	$(BIN)/lint-imports
 	$(BIN)/pytest -q
 
 bench: $(STAMP)

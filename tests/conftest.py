@@ -16,7 +16,7 @@ import pytest
 from psycopg import sql
 
 import shigoto
-from shigoto import database, embedded
+from shigoto.db import database, embedded
 from tests.support.runner_process import RunnerProcess, started_processes
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -30,10 +30,10 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from shigoto.cron import CronScheduler
-from shigoto.elector import Elector
+from shigoto.cron.scheduler import CronScheduler
+from shigoto.db.migrate import current_version, latest_version, migrate
 from shigoto.errors import MigrationError
-from shigoto.migrate import current_version, latest_version, migrate
+from shigoto.runtime.elector import Elector
 from shigoto_operator.config import OperatorConfig
 from shigoto_operator.dbcounts import QUERY_TIMEOUT, CountsCache
 

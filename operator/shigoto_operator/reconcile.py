@@ -25,7 +25,9 @@ from typing import Any
 import psycopg
 from psycopg_pool import PoolTimeout
 
-from shigoto import cron, cronspec, queue_settings
+from shigoto import cron
+from shigoto.client import queue_settings
+from shigoto.cron import expression
 from shigoto.errors import ValidationError
 from shigoto_operator import builders, k8s, policy
 from shigoto_operator.config import OperatorConfig
@@ -550,7 +552,7 @@ async def cron_pass(
 
     next_at = None
     if not spec.suspend:
-        next_at = cronspec.parse(schedule.expression, schedule.timezone).next_after(now())
+        next_at = expression.parse(schedule.expression, schedule.timezone).next_after(now())
     return await report(
         row=CronRow(row["last_slot_at"], row["last_job_id"], bool(row["enabled"])),
         next_at=next_at,

@@ -3,8 +3,10 @@
 The public surface is re-exported here; everything else is an implementation detail.
 """
 
-from shigoto.client import aenqueue, aenqueue_many, enqueue, enqueue_many
+from shigoto.client.enqueuing import aenqueue, aenqueue_many, enqueue, enqueue_many
+from shigoto.client.queue_settings import pause_queue, resume_queue, set_queue
 from shigoto.context import JobContext, current_job
+from shigoto.db.migrate import migrate
 from shigoto.errors import (
     Cancel,
     ConfigurationError,
@@ -17,10 +19,8 @@ from shigoto.errors import (
     ValidationError,
 )
 from shigoto.job import Job, JobState
-from shigoto.migrate import migrate
-from shigoto.operations import cancel_by, health, prune, retry_by, status
-from shigoto.queue_settings import pause_queue, resume_queue, set_queue
-from shigoto.runner import Runner, StuckThreadsError
+from shigoto.ops.operations import cancel_by, health, prune, retry_by, status
+from shigoto.runtime.runner import Runner, StuckThreadsError
 from shigoto.testing import adrain_queue, drain_queue
 from shigoto.worker import Worker, worker
 

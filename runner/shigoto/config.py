@@ -19,7 +19,9 @@ ENV_IMPORT = "SHIGOTO_IMPORT"
 ENV_WORKER_PREFIXES = "SHIGOTO_WORKER_PREFIXES"
 
 DEFAULT_SCHEMA = "public"
-DEFAULT_QUEUES = {"default": 10}
+#: The queue of a job enqueued without one.
+DEFAULT_QUEUE = "default"
+DEFAULT_QUEUES = {DEFAULT_QUEUE: 10}
 MAX_QUEUE_NAME = 128
 #: The one rule for queue names, shared with the CRD's pattern and the database's CHECK:
 #: safe in URLs, label values, metric labels and `NAME=N` lists alike.
@@ -115,13 +117,27 @@ def imports_from_env(env: Mapping[str, str] = os.environ) -> list[str]:
     return [m.strip() for m in env.get(ENV_IMPORT, "").split(",") if m.strip()]
 
 
+def normalise_prefixes(prefixes: Iterable[str]) -> tuple[str, ...]:
+    """Package prefixes as `--worker-prefix` takes them (`myapp`, `myapp.jobs.`), validated:
+    each one a dotted name of identifiers, so a prefix never widens to "everything"."""
+    cleaned = []
+    for raw in prefixes:
+        prefix = raw.strip().rstrip(".")
+        if not prefix:
+            continue
+        if not all(part.isidentifier() for part in prefix.split(".")):
+            raise ValidationError(
+                "worker_prefixes", f"{raw!r} is not a dotted package name such as myapp.jobs"
+            )
+        cleaned.append(prefix)
+    return tuple(cleaned)
+
+
 def worker_prefixes(
     explicit: Iterable[str] | None = None, env: Mapping[str, str] = os.environ
 ) -> tuple[str, ...]:
     """Packages whose workers a runner may import on first use (`--worker-prefix`), else
     SHIGOTO_WORKER_PREFIXES (comma separated), else none: only `--import`ed workers run."""
-    from shigoto.worker import normalise_prefixes
-
     if explicit is None:
         explicit = env.get(ENV_WORKER_PREFIXES, "").split(",")
     try:

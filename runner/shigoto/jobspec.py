@@ -5,8 +5,6 @@ Everything is checked before anything is written, so bad input never leaves half
 
 from __future__ import annotations
 
-import functools
-import inspect
 import json
 import math
 from collections.abc import Mapping
@@ -14,9 +12,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from shigoto.config import queue_name_problem
+from shigoto import registry
+from shigoto.config import DEFAULT_QUEUE, queue_name_problem
 from shigoto.errors import ValidationError
-from shigoto.worker import DEFAULT_QUEUE, FunctionWorker, Worker, args_misfit
+from shigoto.signatures import misfit_field
 
 MAX_WORKER_NAME = 255
 #: Largest serialised args (and meta) accepted, in bytes. Jobs are claimed and read back many
@@ -120,19 +119,20 @@ def _too_deep(value: Any) -> bool:
     return False
 
 
-def _worker_name(worker: Any) -> tuple[str, Worker | None]:
-    if isinstance(worker, Worker):
-        return worker.name, worker
-    if isinstance(worker, type) and issubclass(worker, Worker):
-        from shigoto.worker import lookup
-
-        return worker.name, lookup(worker.name)
+def _worker_name(worker: Any) -> tuple[str, Any | None]:
+    """The job's worker name, and the definition whose defaults apply (a worker object or
+    class given to enqueue); a bare name gets the worker's settings only when it runs."""
     if isinstance(worker, str):
         if not worker.strip() or len(worker) > MAX_WORKER_NAME:
             raise ValidationError(
                 "worker", f"must be a name of 1 to {MAX_WORKER_NAME} characters, got {worker!r}"
             )
         return worker, None
+    name = getattr(worker, "name", None)
+    if isinstance(name, str) and name and callable(getattr(worker, "defaults", None)):
+        if isinstance(worker, type):  # a Worker subclass: its registered instance
+            return name, registry.get(name)
+        return name, worker
     raise ValidationError(
         "worker", f"must be a worker name (str) or a shigoto worker, got {type(worker).__name__}"
     )
@@ -201,58 +201,6 @@ def _tags(value: Any) -> list[str]:
     return tags
 
 
-def _check_fits(worker: FunctionWorker, args: Mapping[str, Any]) -> None:
-    """A job whose args cannot be passed to its function would only fail at every attempt:
-    refuse it now, naming the argument."""
-    misfit = args_misfit(worker.fn, dict(args))
-    if misfit is None:
-        return
-    params = _signature_of(worker)
-    field_name = "args"
-    for key in args:
-        if key not in params.names and not params.var_keyword:
-            field_name = f"args.{key}"
-            misfit = f"is not an argument of {worker.name}{params.text}"
-            break
-    else:
-        missing = [n for n in params.required if n not in args]
-        if missing:
-            field_name = f"args.{missing[0]}"
-            misfit = f"is required by {worker.name}{params.text}"
-    raise ValidationError(field_name, misfit)
-
-
-@dataclass(frozen=True, slots=True)
-class _Params:
-    names: frozenset[str]
-    required: tuple[str, ...]
-    var_keyword: bool
-    text: str
-
-
-def _signature_of(worker: FunctionWorker) -> _Params:
-    return _params(worker.fn)
-
-
-@functools.cache
-def _params(fn: Any) -> _Params:
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):  # no introspectable signature: accept any keywords
-        return _Params(names=frozenset(), required=(), var_keyword=True, text="(...)")
-    kinds = inspect.Parameter
-    keyword = [p for p in sig.parameters.values()
-               if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)]  # fmt: skip
-    # Annotations are often strings (`from __future__ import annotations`): leave them out.
-    bare = [p.replace(annotation=kinds.empty) for p in sig.parameters.values()]
-    return _Params(
-        names=frozenset(p.name for p in keyword),
-        required=tuple(p.name for p in keyword if p.default is kinds.empty),
-        var_keyword=any(p.kind is kinds.VAR_KEYWORD for p in sig.parameters.values()),
-        text=str(sig.replace(parameters=bare, return_annotation=kinds.empty)),
-    )
-
-
 def build(worker: Any, args: Any = None, /, **options: Any) -> JobSpec:
     """Validate one job. Options given explicitly win over the worker object's defaults."""
     unknown = options.keys() - _OPTIONS
@@ -264,8 +212,11 @@ def build(worker: Any, args: Any = None, /, **options: Any) -> JobSpec:
     name, worker_obj = _worker_name(worker)
     defaults = worker_obj.defaults() if worker_obj is not None else {}
     args_json = _json_object("args", args)
-    if isinstance(worker_obj, FunctionWorker):
-        _check_fits(worker_obj, args or {})
+    fn = getattr(worker_obj, "fn", None)
+    if fn is not None:  # a function worker: args must fit its signature
+        problem = misfit_field(name, fn, args or {})
+        if problem is not None:
+            raise ValidationError(*problem)
 
     def pick(key: str) -> Any:
         value = options.get(key)

@@ -29,11 +29,13 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from shigoto import _sql, client, config, telemetry
-from shigoto.completer import batch_params
-from shigoto.executor import JobExecutor
+from shigoto import config, telemetry
+from shigoto.client import enqueuing
+from shigoto.db import statements
 from shigoto.job import Job, JobState
 from shigoto.jobspec import JobSpec
+from shigoto.runtime.completer import batch_params
+from shigoto.runtime.executor import JobExecutor
 from shigoto.worker import Worker, lookup
 
 
@@ -50,7 +52,7 @@ async def adrain_queue(
     backoff) are made available first, once. Jobs that fail are not retried within the drain.
     """
     url = config.database_url(database_url)
-    stmts = _sql.statements(config.schema(schema))
+    stmts = statements.statements(config.schema(schema))
     node = f"drain-{os.getpid()}-{threading.get_ident()}"
     outcomes: Counter[str] = Counter()
     with ThreadPoolExecutor(1, thread_name_prefix="shigoto-drain") as threads:
@@ -192,14 +194,14 @@ def inline(*, raise_errors: bool = True) -> Iterator[Recorder]:
 
 @contextlib.contextmanager
 def _mode(recorder: Recorder) -> Iterator[Recorder]:
-    previous = client.interceptor
+    previous = enqueuing.interceptor
     _active.append(recorder)
-    client.interceptor = recorder
+    enqueuing.interceptor = recorder
     try:
         yield recorder
     finally:
         _active.remove(recorder)
-        client.interceptor = previous
+        enqueuing.interceptor = previous
 
 
 def perform_job(worker: Any, args: Mapping[str, Any] | None = None, **options: Any) -> Job:
@@ -336,7 +338,7 @@ def all_enqueued(
 
 
 def _waiting_jobs(worker: str | None, database_url: str | None, schema: str | None) -> list[Job]:
-    stmts = _sql.statements(config.schema(schema))
+    stmts = statements.statements(config.schema(schema))
     query = psycopg.sql.SQL(
         "SELECT * FROM {} WHERE state = ANY(%(states)s)"
         " AND (%(worker)s::text IS NULL OR worker = %(worker)s) ORDER BY id"

@@ -11,24 +11,23 @@ import functools
 import importlib
 import inspect
 import logging
-import threading
 import warnings
 from collections.abc import Callable, Collection, Iterable
 from typing import Any, ClassVar, overload
 
+from shigoto import registry
 from shigoto.backoff import default_backoff
+from shigoto.config import normalise_prefixes
 from shigoto.errors import Discard, UnknownWorkerError, ValidationError
+from shigoto.signatures import args_misfit
 
 log = logging.getLogger("shigoto.worker")
 
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_TIMEOUT = 300.0
-DEFAULT_QUEUE = "default"
 #: Where a sync perform runs: a thread of the runner, or a child process killed at its deadline.
 ISOLATIONS = ("thread", "process")
 
-_registry: dict[str, Worker] = {}
-_registry_lock = threading.Lock()
 
 
 def _validate_defaults(
@@ -143,7 +142,7 @@ class Worker:
     @classmethod
     def enqueue(cls, args: dict[str, Any] | None = None, **options: Any) -> Any:
         """Enqueue a job for this worker with its defaults; options as `shigoto.enqueue`."""
-        from shigoto.client import enqueue
+        from shigoto.client.enqueuing import enqueue
 
         return enqueue(lookup(cls.name), args, **options)
 
@@ -214,19 +213,19 @@ class FunctionWorker(Worker, template=True):
 
     def enqueue(self, **args: Any) -> Any:  # type: ignore[override]
         """Enqueue with the function's keyword arguments as the job's args."""
-        from shigoto.client import enqueue_kwargs
+        from shigoto.client.enqueuing import enqueue_kwargs
 
         return enqueue_kwargs(self, args)
 
     async def aenqueue(self, **args: Any) -> Any:
-        from shigoto.client import aenqueue_kwargs
+        from shigoto.client.enqueuing import aenqueue_kwargs
 
         return await aenqueue_kwargs(self, args)
 
     def options(self, **options: Any) -> Any:
         """Enqueue options (priority, schedule_in, conn, ...) kept apart from the job's args:
         `w.options(priority=5).enqueue(user_id=1)`."""
-        from shigoto.client import EnqueueOptions
+        from shigoto.client.enqueuing import EnqueueOptions
 
         return EnqueueOptions(self, options)
 
@@ -263,30 +262,8 @@ def worker(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     return wrap(fn) if fn is not None else wrap
 
 
-@functools.cache
-def _signature(fn: Callable[..., Any]) -> inspect.Signature:
-    return inspect.signature(fn)
-
-
-def args_misfit(fn: Callable[..., Any], args: dict[str, Any]) -> str | None:
-    """Why `fn(**args)` cannot be called (a missing or unknown argument), or None if it can."""
-    try:
-        signature = _signature(fn)
-    except (TypeError, ValueError):
-        return None  # no signature to check against (some builtins and C callables)
-    try:
-        signature.bind(**args)
-    except TypeError as exc:
-        return str(exc)
-    return None
-
-
 def register(w: Worker) -> None:
-    with _registry_lock:
-        previous = _registry.get(w.name)
-        if previous is not None and previous is not w:
-            log.debug("worker %s registered again; the newest definition wins", w.name)
-        _registry[w.name] = w
+    registry.register(w)
 
 
 def lookup(name: str, prefixes: Iterable[str] = ()) -> Worker:
@@ -299,32 +276,16 @@ def lookup(name: str, prefixes: Iterable[str] = ()) -> Worker:
     module here; this import is blocking, so the runner calls it on a thread
     (`WorkerResolver.prepare`).
     """
-    found = _registry.get(name)
+    found = registry.get(name)
     if found is not None:
         return found
     allowed = normalise_prefixes(prefixes)
     if allowed and _allowed(name, allowed):
         _import_for(name, allowed)
-        found = _registry.get(name)
+        found = registry.get(name)
         if found is not None:
             return found
     raise UnknownWorkerError(name)
-
-
-def normalise_prefixes(prefixes: Iterable[str]) -> tuple[str, ...]:
-    """Package prefixes as `--worker-prefix` takes them (`myapp`, `myapp.jobs.`), validated:
-    each one a dotted name of identifiers, so a prefix never widens to "everything"."""
-    cleaned = []
-    for raw in prefixes:
-        prefix = raw.strip().rstrip(".")
-        if not prefix:
-            continue
-        if not all(part.isidentifier() for part in prefix.split(".")):
-            raise ValidationError(
-                "worker_prefixes", f"{raw!r} is not a dotted package name such as myapp.jobs"
-            )
-        cleaned.append(prefix)
-    return tuple(cleaned)
 
 
 def _allowed(name: str, prefixes: tuple[str, ...]) -> bool:
@@ -367,7 +328,7 @@ class WorkerResolver:
         self._failures: dict[str, ImportError] = {}
 
     def __call__(self, name: str) -> Worker:
-        found = _registry.get(name)
+        found = registry.get(name)
         if found is not None:
             return found
         failure = self._failures.get(name)
@@ -381,7 +342,7 @@ class WorkerResolver:
         Failures are left for `__call__` (through the executor) to report as the attempt's
         error, so this never raises for an unknown or broken worker.
         """
-        if name in _registry or not self.prefixes or not _allowed(name, self.prefixes):
+        if registry.contains(name) or not self.prefixes or not _allowed(name, self.prefixes):
             return
         try:
             await asyncio.to_thread(_import_for, name, self.prefixes)
@@ -399,8 +360,8 @@ def _is_missing(exc: ImportError, module_name: str) -> bool:
 
 def registered_names() -> Collection[str]:
     """The registered names, as a live view (no copy: metrics ask on every job event)."""
-    return _registry.keys()
+    return registry.names()
 
 
 def registered() -> dict[str, Worker]:
-    return dict(_registry)
+    return registry.snapshot()

@@ -34,7 +34,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from shigoto import embedded
+from shigoto.db import embedded
 from tests.support.waiting import wait_until
 
 T = TypeVar("T")

@@ -11,7 +11,8 @@ import uuid
 import psycopg
 import pytest
 
-from shigoto import bench, embedded
+from shigoto.cli import bench
+from shigoto.db import embedded
 
 TINY = bench.BenchConfig(
     bulk_jobs=25, bulk_batch=10, single_jobs=5, process_jobs=30, concurrency=4,
@@ -73,7 +74,7 @@ def test_dedicated_database_is_created_migrated_and_dropped(server_url: str) -> 
 
 @pytest.mark.parametrize("argv", [["bench", "--jobs", "10", "--finished", "100", "--json"]])
 def test_cli_accepts_the_bench_flags(argv: list[str]) -> None:
-    from shigoto.cli import build_parser
+    from shigoto.cli.commands import build_parser
 
     args = build_parser().parse_args(argv)
     assert (args.jobs, args.finished, args.json, args.concurrency) == (10, 100, True, 50)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shigoto import embedded
+from shigoto.db import embedded
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 import shigoto
-from shigoto import database
+from shigoto.db import database
 from tests.support import client_workers as cw
 from tests.support.waiting import count, db_now, row
 

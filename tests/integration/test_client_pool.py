@@ -12,7 +12,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import shigoto
-from shigoto import database
+from shigoto.db import database
 from tests.support.waiting import count
 
 

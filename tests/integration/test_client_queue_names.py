@@ -54,7 +54,7 @@ def test_cli_refuses_bad_queue_names(db_url: str) -> None:
 
 
 def test_migration_names_the_row_that_breaks_the_rule(empty_db_url: str) -> None:
-    from shigoto.migrate import load_migrations
+    from shigoto.db.migrate import load_migrations
 
     with psycopg.connect(empty_db_url) as c:
         for m in load_migrations():

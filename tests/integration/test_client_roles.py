@@ -41,7 +41,7 @@ def runtime_url(db_url: str, conn: psycopg.Connection[Any]) -> Iterator[str]:
     name = f"shigoto_rt_{uuid.uuid4().hex[:10]}"
     _runtime_role(conn, name)
     yield make_conninfo(**{**conninfo_to_dict(db_url), "user": name})
-    shigoto.database.close_pools()
+    shigoto.db.database.close_pools()
     conn.execute(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,)
     )

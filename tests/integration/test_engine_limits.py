@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 import shigoto
-from shigoto import database
+from shigoto.db import database
 from tests.integration.test_faults import restart_embedded_server
 from tests.support import engine_workers as w
 from tests.support.runner_process import RunnerProcess

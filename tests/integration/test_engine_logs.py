@@ -1,4 +1,4 @@
-"""One log line per job outcome on `shigoto.executor`, with structured fields and never args."""
+"""One log line per job outcome on the `shigoto.executor` logger: structured fields, never args."""
 
 from __future__ import annotations
 

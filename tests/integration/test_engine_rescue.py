@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from shigoto.rescuer import DISCARD_CHANNEL
+from shigoto.runtime.rescuer import DISCARD_CHANNEL
 from tests.support import engine_workers as w
 from tests.support.in_process import RESCUE_FAST, in_process_runners
 from tests.support.waiting import row, until

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -10,17 +9,12 @@ import psycopg
 import pytest
 
 import shigoto
-from shigoto import database
 from shigoto.config import MAX_QUEUE_NAME
+from shigoto.db import database
 from tests.support import workers
 from tests.support.waiting import count, db_now, row
 
-
-@pytest.fixture(autouse=True)
-def _probe() -> Iterator[None]:
-    workers.reset()
-    yield
-    workers.release()
+pytestmark = pytest.mark.usefixtures("worker_probe")
 
 
 # -- one job -----------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 import shigoto
-from shigoto import database
+from shigoto.db import database
 from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import count, wait_until
 

@@ -18,8 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import shigoto
-from shigoto.migrate import latest_version
-from shigoto.probes import HealthServer, probe_database
+from shigoto.db.migrate import latest_version
+from shigoto.ops.probes import HealthServer, probe_database
 from tests.support.http_probe import aget, http_get
 from tests.support.in_process import start, stop
 from tests.support.waiting import until

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 import shigoto
-from shigoto.migrate import load_migrations, migrations_dir
+from shigoto.db.migrate import load_migrations, migrations_dir
 from tests.support.waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -89,7 +89,7 @@ def test_chaos_kill_restart_and_cut_connections(conn, tmp_path, runner) -> None:
         wait_until(lambda: states(conn)["completed"] >= total // 2, timeout=120)
         terminated = conn.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE application_name = 'chaos-cut'"
+            "WHERE application_name = 'chaos-cut' AND datname = current_database()"
         ).fetchone()[0]  # type: ignore[index]
         assert terminated > 0, "the cut runner's connections were found and terminated"
         wait_until(lambda: states(conn)["completed"] == total, timeout=240,

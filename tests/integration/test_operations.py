@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -12,20 +10,17 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 import shigoto
-from shigoto import _sql, database, embedded
-from shigoto.pruner import Pruner, PruneResult
+from shigoto.db import embedded, statements
+from shigoto.runtime.pruner import Pruner, PruneResult
 from tests.support import workers
+from tests.support.in_process import running
 from tests.support.waiting import count, row, state, until
 
 W = "tests.support.workers."
 
 
-@pytest.fixture(autouse=True)
-def _probe(db_url: str) -> Iterator[None]:
-    """Every test here needs the database (db_url also sets SHIGOTO_DATABASE_URL)."""
-    workers.reset()
-    yield
-    workers.release()
+#: Every test here needs the database (db_url also sets SHIGOTO_DATABASE_URL).
+pytestmark = pytest.mark.usefixtures("db_url", "worker_probe")
 
 
 def set_state(conn: psycopg.Connection[Any], state_: str, *ids: int) -> None:
@@ -70,19 +65,11 @@ def test_status_of_an_empty_database() -> None:
 
 
 async def test_status_lists_live_runner_nodes(db_url: str) -> None:
-    runner = shigoto.Runner({"default": 3, "mail": 2}, database_url=db_url, poll_interval=0.2,
-                            stage_interval=0.1, shutdown_timeout=1)  # fmt: skip
-    task = asyncio.create_task(runner.run())
-    try:
-        await until(lambda: runner.ready.is_set() or task.done(), message="runner ready")
+    async with running(db_url, {"default": 3, "mail": 2}, shutdown_timeout=1) as runner:
         nodes = shigoto.status().nodes
         assert [n["id"] for n in nodes] == [runner.node]
         assert nodes[0]["queues"] == {"default": 3, "mail": 2}
         assert nodes[0]["silent_for"] >= 0
-    finally:
-        await runner.stop()
-        await asyncio.wait_for(task, 30)
-        await database.aclose_pools()
     assert shigoto.status().nodes == []  # unregistered on a clean stop
 
 
@@ -307,7 +294,7 @@ async def test_pruner_archives_old_finished_jobs_and_deletes_old_archived_rows(
     original = row(conn, ids[6])
 
     async with AsyncConnectionPool(db_url, kwargs={"autocommit": True}, open=False) as pool:
-        pruner = Pruner(pool, _sql.statements("public"), "test-node", interval=60,
+        pruner = Pruner(pool, statements.statements("public"), "test-node", interval=60,
                         prune_after=3600, archive_retention=86400)  # fmt: skip
         assert await pruner.run_once() == PruneResult(archived=4, deleted=0)
         left = [r[0] for r in conn.execute("SELECT id FROM shigoto_jobs ORDER BY id")]
@@ -341,19 +328,13 @@ async def test_runner_prunes_with_its_settings(db_url: str, conn: psycopg.Connec
         " WHERE id = %s",
         (old.id,),
     )
-    runner = shigoto.Runner({"default": 1}, database_url=db_url, poll_interval=0.2,
-                            stage_interval=0.1, shutdown_timeout=1, prune_after=3600,
-                            leader_interval=0.1)  # fmt: skip
-    task = asyncio.create_task(runner.run())
-    try:
+    async with running(db_url, {"default": 1}, shutdown_timeout=1, prune_after=3600,
+                       leader_interval=0.1) as runner:  # fmt: skip
         await until(
-            lambda: count(conn, "id = %s", old.id) == 0 or task.done(), message="old job pruned"
+            lambda: count(conn, "id = %s", old.id) == 0 or not runner.ready.is_set(),
+            message="old job pruned",
         )
-        assert not task.done()
-    finally:
-        await runner.stop()
-        await asyncio.wait_for(task, 30)
-        await database.aclose_pools()
+        assert runner.ready.is_set(), "the runner ended on its own before the prune"
     found = conn.execute("SELECT id FROM shigoto_jobs_archive").fetchall()
     assert found == [(old.id,)]
 

@@ -21,7 +21,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import shigoto
-from shigoto import database
+from shigoto.db import database
 from shigoto_operator import k8s
 from shigoto_operator.config import OperatorConfig
 from shigoto_operator.databases import Databases
@@ -625,7 +625,7 @@ async def test_operator_keeps_no_client_pool_per_url(
     the client's cached sync pools, one per URL and never closed, are never touched."""
 
     def no_sync_pool(*_: Any, **__: Any) -> Any:
-        raise AssertionError("the operator used shigoto.database.sync_pool")
+        raise AssertionError("the operator used shigoto.db.database.sync_pool")
 
     monkeypatch.setattr(database, "sync_pool", no_sync_pool)
     async with running_operator(kmock) as cluster:

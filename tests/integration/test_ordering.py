@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -12,26 +10,23 @@ import pytest
 from psycopg.rows import dict_row
 
 import shigoto
-from shigoto import _sql, database
+from shigoto.db import statements
 from tests.support import workers
+from tests.support.in_process import running
 from tests.support.waiting import count, until
 
 ECHO = "tests.support.workers.echo"
 
 
-@pytest.fixture(autouse=True)
-def _probe(db_url: str) -> Iterator[None]:
-    """Every test here needs the database (db_url also sets SHIGOTO_DATABASE_URL)."""
-    workers.reset()
-    yield
-    workers.release()
+#: Every test here needs the database (db_url also sets SHIGOTO_DATABASE_URL).
+pytestmark = pytest.mark.usefixtures("db_url", "worker_probe")
 
 
 def claim(conn: psycopg.Connection[Any], limit: int, queue: str = "default") -> list[int]:
     """One claim with the runner's own statement; ids in the order the runner starts them."""
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(
-            _sql.statements("public").claim, {"queue": queue, "limit": limit, "node": "test"}
+            statements.statements("public").claim, {"queue": queue, "limit": limit, "node": "test"}
         )
         rows = cur.fetchall()
     rows.sort(key=lambda r: (-r["priority"], r["scheduled_at"], r["id"]))
@@ -110,13 +105,7 @@ async def test_runner_with_one_slot_runs_jobs_in_claim_order(db_url: str) -> Non
         {"worker": workers.async_echo, "args": {"n": "p5-async"}, "priority": 5},
         {"worker": ECHO, "args": {"n": "p-1"}, "priority": -1},
     ])  # fmt: skip
-    runner = shigoto.Runner({"default": 1}, database_url=db_url, poll_interval=0.2,
-                            stage_interval=0.1, shutdown_timeout=5)  # fmt: skip
-    task = asyncio.create_task(runner.run())
-    try:
-        await until(lambda: len(workers.probe.calls) == 5 or task.done(), message="5 jobs ran")
-    finally:
-        await runner.stop()
-        await asyncio.wait_for(task, 30)
-        await database.aclose_pools()
+    async with running(db_url, {"default": 1}, shutdown_timeout=5) as runner:
+        await until(lambda: len(workers.probe.calls) == 5 or not runner.ready.is_set(),
+                    message="5 jobs ran")  # fmt: skip
     assert workers.probe.order() == ["p9", "p5-async", "p0-old", "p0-new", "p-1"]

@@ -6,7 +6,6 @@ rows end up exactly as a runner would leave them, without any waiting.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,11 +20,7 @@ from tests.support.waiting import db_now, row
 W = "tests.support.workers."
 
 
-@pytest.fixture(autouse=True)
-def _probe() -> Iterator[None]:
-    workers.reset()
-    yield
-    workers.release()
+pytestmark = pytest.mark.usefixtures("worker_probe")
 
 
 def retry_now(conn: psycopg.Connection[Any], job_id: int) -> None:

@@ -17,11 +17,11 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 import shigoto
-from shigoto import _sql
-from shigoto.completer import Completer
-from shigoto.executor import Completion
+from shigoto.db import statements
 from shigoto.job import Job, JobState
-from shigoto.producer import Producer
+from shigoto.runtime.completer import Completer
+from shigoto.runtime.executor import Completion
+from shigoto.runtime.producer import Producer
 from tests.support.in_process import in_process_runners
 from tests.support.waiting import count, row, until
 
@@ -102,7 +102,7 @@ async def test_a_refused_batch_is_written_row_by_row(
     results = ['{"ok": 1}', '"\\u0000"', '{"ok": 3}', '{"bad": "\\ud800"}']
     completions = [Completion(j, JobState.COMPLETED, result_json=r)
                    for j, r in zip(jobs, results, strict=True)]  # fmt: skip
-    completer = Completer(pool, _sql.statements("public"), "node-a")
+    completer = Completer(pool, statements.statements("public"), "node-a")
     assert await run_completer(completer, completions)
     assert row(conn, jobs[0].id)["result"] == {"ok": 1}
     assert row(conn, jobs[2].id)["result"] == {"ok": 3}
@@ -118,7 +118,7 @@ async def test_a_batch_refused_every_time_is_given_up_not_retried_for_ever(
 ) -> None:
     jobs = executing(conn, "node-b", 3)
     broken = replace(
-        _sql.statements("public"),
+        statements.statements("public"),
         complete="SELECT 1 / 0 FROM unnest(%(ids)s::bigint[]) AS id",  # refused every time
     )
     completer = Completer(pool, broken, "node-b")
@@ -131,7 +131,7 @@ async def test_a_batch_refused_every_time_is_given_up_not_retried_for_ever(
 async def test_a_full_backlog_holds_claims_until_written(
     conn: psycopg.Connection, pool: AsyncConnectionPool
 ) -> None:
-    completer = Completer(pool, _sql.statements("public"), "node-c", max_backlog=2)
+    completer = Completer(pool, statements.statements("public"), "node-c", max_backlog=2)
     for job in executing(conn, "node-c", 2):
         completer.submit(Completion(job, JobState.COMPLETED))
     assert completer.full

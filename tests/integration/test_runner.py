@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -14,39 +14,18 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 import shigoto
-from shigoto import _sql, database, telemetry
-from shigoto.stager import Stager
-from tests.support import workers
+from shigoto import telemetry
+from shigoto.db import statements
+from shigoto.runtime.stager import Stager
+from tests.support import in_process, workers
 from tests.support.waiting import row, state, until
 
 W = "tests.support.workers."
 
+pytestmark = pytest.mark.usefixtures("worker_probe")
 
-@pytest.fixture(autouse=True)
-def _probe() -> Iterator[None]:
-    workers.reset()
-    yield
-    workers.release()
-
-
-@contextlib.asynccontextmanager
-async def running(
-    db_url: str, queues: dict[str, int] | None = None, **settings: Any
-) -> AsyncIterator[shigoto.Runner]:
-    """A started runner with short intervals; always stopped, even when the test fails."""
-    options = {"poll_interval": 0.2, "stage_interval": 0.1, "shutdown_timeout": 2.0, **settings}
-    runner = shigoto.Runner(queues or {"default": 5}, database_url=db_url, **options)
-    task = asyncio.create_task(runner.run())
-    try:
-        await until(lambda: runner.ready.is_set() or task.done(), message="runner ready")
-        if task.done():
-            task.result()  # surface a start-up failure
-        yield runner
-    finally:
-        workers.release()  # no perform may hold the shutdown up
-        await runner.stop()
-        await asyncio.wait_for(task, 30)
-        await database.aclose_pools()
+#: A started runner with short intervals, always stopped; no perform may hold its shutdown up.
+running = functools.partial(in_process.running, before_stop=workers.release)
 
 
 class Claims:
@@ -191,7 +170,7 @@ async def test_stager_makes_due_jobs_available(db_url: str, conn: psycopg.Connec
     with psycopg.connect(db_url, autocommit=True) as listener:
         listener.execute("LISTEN shigoto_insert")
         async with AsyncConnectionPool(db_url, kwargs={"autocommit": True}, open=False) as pool:
-            stager = Stager(pool, _sql.statements("public"), "test-node", 0.1)
+            stager = Stager(pool, statements.statements("public"), "test-node", 0.1)
             assert await stager.run_once() == {"default": 2}
             assert await stager.run_once() == {}
         note = next(listener.notifies(timeout=20))

@@ -9,9 +9,9 @@ import psycopg
 import pytest
 from rich.console import Console
 
-from shigoto import cli
-from shigoto.operations import Status
-from shigoto.status_view import render_status
+from shigoto.cli import commands
+from shigoto.cli.status_view import render_status
+from shigoto.ops.operations import Status
 
 MARKUP = "[/]"
 
@@ -26,7 +26,7 @@ def test_status_prints_markup_like_names_from_rows_literally(
     conn.execute(
         "INSERT INTO shigoto_cron (name, expression, worker, queue) "
         "VALUES (%s, '* * * * *', %s, 'default')", (MARKUP, "[link=x]w[/link]"))  # fmt: skip
-    assert cli.main(["status", "--database-url", db_url]) == 0
+    assert commands.main(["status", "--database-url", db_url]) == 0
     out = capsys.readouterr().out
     assert "[bold]node[/]" in out and f"{MARKUP}=1" in out and "[link=x]w[/link]" in out
 

@@ -18,9 +18,9 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 import shigoto
-from shigoto import cli
-from shigoto.metrics import OTHER
-from shigoto.probes import HealthServer, ReadinessProbe
+from shigoto.cli import commands
+from shigoto.ops.metrics import OTHER
+from shigoto.ops.probes import HealthServer, ReadinessProbe
 from tests.support.waiting import until
 
 UNSERVED = 30
@@ -153,7 +153,7 @@ def test_the_cli_reports_a_database_error_without_a_traceback(
     params = psycopg.conninfo.conninfo_to_dict(db_url)
     params.update(dbname="no_such_database_here", password="s3cret-pw")
     url = psycopg.conninfo.make_conninfo(**params)
-    assert cli.main(["status", "--database-url", url]) == 2
+    assert commands.main(["status", "--database-url", url]) == 2
     err = capsys.readouterr().err
     assert err.startswith("shigoto status: ") and "Traceback" not in err
     assert "s3cret-pw" not in err

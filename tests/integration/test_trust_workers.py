@@ -3,12 +3,11 @@ without grants cannot cancel a job."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import functools
 import sys
 import textwrap
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,30 +16,15 @@ import pytest
 from psycopg import sql
 
 import shigoto
-from shigoto import database
-from shigoto.worker import _registry
-from tests.support import workers
+from shigoto import registry
+from tests.support import in_process, workers
 from tests.support.waiting import row, state, until
 
 W = "tests.support.workers."
 
 
-@contextlib.asynccontextmanager
-async def running(db_url: str, **settings: Any) -> AsyncIterator[shigoto.Runner]:
-    """A started runner with short intervals; always stopped, even when the test fails."""
-    options = {"poll_interval": 0.2, "stage_interval": 0.1, "shutdown_timeout": 2.0, **settings}
-    runner = shigoto.Runner({"default": 5}, database_url=db_url, **options)
-    task = asyncio.create_task(runner.run())
-    try:
-        await until(lambda: runner.ready.is_set() or task.done(), message="runner ready")
-        if task.done():
-            task.result()
-        yield runner
-    finally:
-        workers.release()
-        await runner.stop()
-        await asyncio.wait_for(task, 30)
-        await database.aclose_pools()
+#: A started runner with short intervals, always stopped; no perform may hold its shutdown up.
+running = functools.partial(in_process.running, before_stop=workers.release)
 
 
 @pytest.fixture
@@ -68,7 +52,7 @@ def side_effect_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
     yield name
     for module in (f"{name}.jobs", name):
         sys.modules.pop(module, None)
-    _registry.pop(f"{name}.jobs.job", None)
+    registry.forget(f"{name}.jobs.job")
 
 
 async def test_a_job_row_cannot_make_the_runner_import_a_module(

@@ -69,7 +69,7 @@ def test_wheel_ships_every_migration(wheel: Path) -> None:
             next(n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt"))
         ).decode()
     assert shipped == {p.name for p in (ROOT / "migrations").glob("*.sql")}
-    assert "shigoto = shigoto.cli:main" in entry_points
+    assert "shigoto = shigoto.cli.commands:main" in entry_points
 
 
 def test_installed_wheel_migrates_a_fresh_database(
@@ -78,7 +78,7 @@ def test_installed_wheel_migrates_a_fresh_database(
     python = fresh_venv / "bin" / "python"
     where = run(
         [str(python), "-c",
-         "import shigoto, sys; m = sys.modules['shigoto.migrate'];"
+         "import shigoto, sys; m = sys.modules['shigoto.db.migrate'];"
          " print(shigoto.__file__); print(m.migrations_dir())"],
         cwd=tmp_path, env=clean_env(),
     ).stdout.split("\n")  # fmt: skip

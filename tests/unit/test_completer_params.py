@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from shigoto.completer import batch_params
-from shigoto.executor import Completion, error_entry
 from shigoto.job import Job, JobState
+from shigoto.runtime.completer import batch_params
+from shigoto.runtime.executor import Completion, error_entry
 
 
 def job(job_id: int, attempt: int = 1) -> Job:

@@ -687,9 +687,9 @@ def test_schedule_pattern_accepts_cron_shapes(schedule: str) -> None:
 
 
 def test_cron_shapes_the_schema_accepts_are_the_runners_shapes() -> None:
-    """The CRD checks shape only; the operator calls shigoto.cronspec for full validity, and
+    """The CRD checks shape only; the operator calls shigoto.cron.expression for full validity, and
     every shape-valid, range-valid expression here must parse there too."""
-    cronspec = pytest.importorskip("shigoto.cronspec")
+    cronspec = pytest.importorskip("shigoto.cron.expression")
     for schedule in ["*/5 * * * *", "0 3 * * *", "0 0 1 JAN MON-FRI", "@hourly", "@annually"]:
         cronspec.parse(schedule, "UTC")
 

@@ -1,4 +1,4 @@
-"""`shigoto.threads`: a call never waits behind a stuck one; abandoned calls are counted."""
+"""`shigoto.runtime.threads`: a call never waits behind a stuck one; abandoned calls are counted."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shigoto.threads import Threads
+from shigoto.runtime.threads import Threads
 from tests.support.waiting import wait_until
 
 

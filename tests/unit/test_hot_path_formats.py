@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from shigoto.completer import batch_params, wire_params
-from shigoto.executor import Completion
 from shigoto.job import JOB_COLUMNS, Job, JobState
-from shigoto.runner import _loads_json
+from shigoto.runtime.completer import batch_params, wire_params
+from shigoto.runtime.executor import Completion
+from shigoto.runtime.runner import _loads_json
 
 
 def job(job_id: int, attempt: int = 1) -> Job:

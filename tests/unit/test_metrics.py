@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import shigoto
 from shigoto import telemetry
 from shigoto.job import Job, JobState
-from shigoto.metrics import RunnerMetrics
+from shigoto.ops.metrics import RunnerMetrics
 
 NODE = "node-a"
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 
 import shigoto
-from shigoto import cli
+from shigoto.cli import commands
 from shigoto.errors import ConfigurationError
 
 URL = "postgresql://unused@localhost/db"
 
 
 def runner_for(*argv: str) -> shigoto.Runner:
-    args = cli.build_parser().parse_args(["run", "--database-url", URL, *argv])
-    cli._resolve_env(args)
-    runner = cli._runner(args)
+    args = commands.build_parser().parse_args(["run", "--database-url", URL, *argv])
+    commands._resolve_env(args)
+    runner = commands._runner(args)
     assert isinstance(runner, shigoto.Runner)
     return runner
 

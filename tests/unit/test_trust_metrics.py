@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from shigoto.job import Job, JobState
-from shigoto.metrics import OTHER, RunnerMetrics
+from shigoto.ops.metrics import OTHER, RunnerMetrics
 
 NODE = "node-a"
 

@@ -9,7 +9,8 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 import shigoto  # noqa: F401  (importing Shigoto installs the redaction on psycopg's loggers)
-from shigoto import cli, logs
+from shigoto import logs
+from shigoto.cli import commands
 from tests.support.waiting import wait_until
 
 BAD_URL = "postgresql://bob:pa%zzword@127.0.0.1:1/db"
@@ -18,7 +19,7 @@ BAD_URL = "postgresql://bob:pa%zzword@127.0.0.1:1/db"
 def test_migrate_with_a_stray_percent_in_the_password_does_not_print_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert cli.main(["migrate", "--database-url", BAD_URL]) == 2
+    assert commands.main(["migrate", "--database-url", BAD_URL]) == 2
     err = capsys.readouterr().err
     assert "pa%zzword" not in err and "zzword" not in err
     assert err.startswith("shigoto migrate: ") and "Traceback" not in err

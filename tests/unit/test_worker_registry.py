@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import sys
 import textwrap
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 import pytest
 
 import shigoto
+from shigoto import registry
 from shigoto.backoff import default_backoff
 from shigoto.worker import DEFAULT_MAX_ATTEMPTS, DEFAULT_TIMEOUT, lookup, registered
 from tests.support import workers
@@ -204,8 +204,7 @@ def test_lookup_imports_only_under_an_allowed_prefix(
     finally:
         for name in ("lazy_pkg_for_lookup.jobs", "lazy_pkg_for_lookup"):
             sys.modules.pop(name, None)
-        registry = importlib.import_module("shigoto.worker")._registry
-        registry.pop("lazy_pkg_for_lookup.jobs.job", None)
+        registry.forget("lazy_pkg_for_lookup.jobs.job")
 
 
 def test_redefinition_replaces_the_registered_worker() -> None:

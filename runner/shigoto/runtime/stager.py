@@ -10,8 +10,9 @@ import time
 
 from psycopg_pool import AsyncConnectionPool
 
-from shigoto import _sql, telemetry
+from shigoto import telemetry
 from shigoto._service import Service
+from shigoto.db import statements
 
 STAGE_LIMIT = 10_000
 
@@ -20,7 +21,7 @@ class Stager(Service):
     name = "stager"
 
     def __init__(
-        self, pool: AsyncConnectionPool, stmts: _sql.Statements, node: str, interval: float
+        self, pool: AsyncConnectionPool, stmts: statements.Statements, node: str, interval: float
     ) -> None:
         super().__init__(interval)
         self.pool = pool

@@ -26,30 +26,32 @@ from psycopg.rows import RowMaker
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
-from shigoto import _sql, config, rescuer
-from shigoto.completer import Completer
-from shigoto.cron import CronScheduler, Schedule
-from shigoto.cron import store as store_schedules
-from shigoto.elector import Elector
+from shigoto import config
+from shigoto.client.queue_settings import QueueSetting, QueueSettingsWatcher, write_limits
+from shigoto.cron.scheduler import CronScheduler, Schedule
+from shigoto.cron.scheduler import store as store_schedules
+from shigoto.db import statements
+from shigoto.db.migrate import current_version, latest_version, migrate
 from shigoto.errors import ConfigurationError, Error, MigrationError
-from shigoto.executor import (
+from shigoto.job import Job
+from shigoto.runtime import rescuer
+from shigoto.runtime.completer import Completer
+from shigoto.runtime.elector import Elector
+from shigoto.runtime.executor import (
     CALLBACK_THREADS,
     CALLBACK_TIMEOUT,
     Completion,
     JobExecutor,
     Undecodable,
 )
-from shigoto.job import Job
-from shigoto.limiter import Limiter, count_busy, limited_claim, lock_scope, scope_key
-from shigoto.migrate import current_version, latest_version, migrate
-from shigoto.node import Heartbeat, new_node_id
-from shigoto.notifier import Notifier
-from shigoto.producer import Producer
-from shigoto.pruner import Pruner
-from shigoto.queue_settings import QueueSetting, QueueSettingsWatcher, write_limits
-from shigoto.rescuer import STUCK_AFTER, Rescuer
-from shigoto.stager import Stager
-from shigoto.threads import Threads
+from shigoto.runtime.limiter import Limiter, count_busy, limited_claim, lock_scope, scope_key
+from shigoto.runtime.node import Heartbeat, new_node_id
+from shigoto.runtime.notifier import Notifier
+from shigoto.runtime.producer import Producer
+from shigoto.runtime.pruner import Pruner
+from shigoto.runtime.rescuer import STUCK_AFTER, Rescuer
+from shigoto.runtime.stager import Stager
+from shigoto.runtime.threads import Threads
 from shigoto.worker import WorkerResolver, registered
 
 log = logging.getLogger("shigoto.runner")
@@ -104,7 +106,7 @@ class Runner:
     the queues' concurrency). `callback_timeout`: seconds a worker's `backoff` or `on_discard`
     may take. `traceback_level`: the log level of failed jobs' tracebacks. `stuck_after`:
     seconds a job without a timeout of its own may execute before the leader rescues it even
-    though its node lives (see `shigoto.rescuer`).
+    though its node lives (see `shigoto.runtime.rescuer`).
     """
 
     def __init__(
@@ -154,7 +156,7 @@ class Runner:
         self.elector = Elector(self.url, self.schema)
         self.global_concurrency = dict(global_concurrency or {})
         self.limiter = Limiter(self.url, self.schema, self.node)
-        self.stmts = _sql.statements(self.schema)
+        self.stmts = statements.statements(self.schema)
         self.ready = asyncio.Event()
         self.producers: dict[str, Producer] = {}
         self._stop = asyncio.Event()
@@ -217,7 +219,7 @@ class Runner:
 
     async def _serve(self, pool: AsyncConnectionPool) -> None:
         s = self.settings
-        # Sync performs never wait for a thread (see shigoto.threads); callbacks have their own.
+        # Sync performs never wait for a thread (see runtime.threads); callbacks have their own.
         self._threads = Threads("shigoto-worker")
         self._callbacks = Threads("shigoto-callback", max_threads=CALLBACK_THREADS)
         self._completer = Completer(pool, self.stmts, self.node, on_flush=self._acknowledged)
@@ -232,7 +234,7 @@ class Runner:
         heartbeat = Heartbeat(pool, self.stmts, self.node, lambda: dict(self.queues),
                               s.heartbeat_interval)  # fmt: skip
         await heartbeat.run_once()
-        channels = [_sql.INSERT_CHANNEL, _sql.CANCEL_CHANNEL, rescuer.DISCARD_CHANNEL]
+        channels = [statements.INSERT_CHANNEL, statements.CANCEL_CHANNEL, rescuer.DISCARD_CHANNEL]
         notifier = Notifier(self.url, channels, self._dispatch)
         self.elector.interval = s.leader_interval
         leader = self._leads
@@ -453,7 +455,7 @@ class Runner:
         self, conn: Any, statement: str, params: dict[str, Any], global_limit: int
     ) -> list[Job]:
         """Claim no more than the room the queue's global limit has left, counted and claimed
-        under the queue's transaction lock (see `shigoto.limiter`)."""
+        under the queue's transaction lock (see `shigoto.runtime.limiter`)."""
         queue = params["queue"]
         async with conn.transaction():
             await lock_scope(conn, scope_key(self.schema, "queue", queue))
@@ -585,16 +587,16 @@ class Runner:
 
     def _dispatch(self, channel: str, payload: str) -> None:
         schema, _, rest = payload.partition(".")
-        if channel == "" or (channel == _sql.INSERT_CHANNEL and not payload):
+        if channel == "" or (channel == statements.INSERT_CHANNEL and not payload):
             for producer in self.producers.values():
                 producer.wake()
         elif schema != self.schema:
             return
-        elif channel == _sql.INSERT_CHANNEL:
+        elif channel == statements.INSERT_CHANNEL:
             producer = self.producers.get(rest)
             if producer is not None:
                 producer.wake()
-        elif channel == _sql.CANCEL_CHANNEL:
+        elif channel == statements.CANCEL_CHANNEL:
             try:
                 job_id = int(rest)
             except ValueError:
@@ -617,7 +619,8 @@ class Runner:
         assert self._pool is not None
         try:
             async with self._pool.connection() as conn:
-                cur = await conn.execute(_sql.compose(_JOB_STATE, self.schema), {"id": job_id})
+                query = statements.compose(_JOB_STATE, self.schema)
+                cur = await conn.execute(query, {"id": job_id})
                 found = await cur.fetchone()
         except Exception as exc:  # the job runs on; its completion is guarded anyway
             log.warning("could not check the cancel of job %s: %s", job_id, exc)

@@ -36,8 +36,8 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from shigoto import _sql
 from shigoto._service import Service
+from shigoto.db import statements
 
 log = logging.getLogger("shigoto.limiter")
 
@@ -89,7 +89,7 @@ def _busy(schema: str, kind: str) -> str:
     template = _BUSY.replace("{group_by}", column).replace(
         "{scope_filter}", f"{column} = ANY(%(names)s::text[])"
     )
-    return _sql.compose(template, schema)
+    return statements.compose(template, schema)
 
 
 @functools.cache
@@ -132,7 +132,7 @@ class Limiter(Service):
         self.node = node
         self.pool = pool
         self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._prove = _sql.compose(_PROVE, schema)
+        self._prove = statements.compose(_PROVE, schema)
 
     async def run_once(self) -> None:
         try:

@@ -1,7 +1,7 @@
 """`shigoto demo`: the whole life of a job, in one terminal, in about ten seconds.
 
 The demo migrates a schema of its own (`shigoto_demo`), clears what an earlier run left in the
-demo queues, starts an in-process `shigoto.Runner` with the workers of `shigoto.demo_workers`,
+demo queues, starts an in-process `shigoto.Runner` with the workers of `shigoto.cli.demo_workers`,
 and enqueues one batch that tells a story for every outcome: plain jobs, two priorities,
 scheduled jobs, a job that fails twice then succeeds, one that snoozes, one that reports
 progress, two that are discarded and one that is cancelled. It shows live counts by state and a
@@ -34,12 +34,12 @@ from rich.table import Table
 from rich.text import Text
 
 from shigoto import config, telemetry
-from shigoto import demo_workers as workers
-from shigoto.client import aenqueue_many
+from shigoto.cli import demo_workers as workers
+from shigoto.client.enqueuing import aenqueue_many
+from shigoto.db.migrate import migrate
 from shigoto.errors import Discard, Error
 from shigoto.job import FINISHED_STATES, JobState
-from shigoto.migrate import migrate
-from shigoto.runner import Runner
+from shigoto.runtime.runner import Runner
 
 #: The demo's own schema: it never reads or touches the jobs of a real application.
 DEMO_SCHEMA = "shigoto_demo"

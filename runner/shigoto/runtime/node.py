@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 from psycopg_pool import AsyncConnectionPool
 
-from shigoto import _sql
 from shigoto._service import Service
+from shigoto.db import statements
 
 
 def new_node_id() -> str:
@@ -25,7 +25,7 @@ class Heartbeat(Service):
     def __init__(
         self,
         pool: AsyncConnectionPool,
-        stmts: _sql.Statements,
+        stmts: statements.Statements,
         node: str,
         queues: Callable[[], dict[str, int]],
         interval: float,

@@ -14,7 +14,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from shigoto import _sql, config, database
+from shigoto import config
+from shigoto.db import database, statements
 from shigoto.errors import ValidationError
 from shigoto.job import CANCELLABLE_STATES, FINISHED_STATES, JobState
 
@@ -95,7 +96,7 @@ def retry_by(
     discarded again. With `dry_run=True` nothing changes: the ids are those it would retry.
     """
     f = _filter(ids, queue, worker, tag, state)
-    stmts = _sql.statements(config.schema(schema))
+    stmts = statements.statements(config.schema(schema))
     if dry_run:
         return _matching(f, RETRYABLE_FROM, stmts, database_url)
     where, params = f.where()
@@ -135,7 +136,7 @@ def cancel_by(
     """
     f = _filter(ids, queue, worker, tag, state)
     schema_name = config.schema(schema)
-    stmts = _sql.statements(schema_name)
+    stmts = statements.statements(schema_name)
     if dry_run:
         return _matching(f, CANCELLABLE_STATES, stmts, database_url)
     where, params = f.where()
@@ -155,13 +156,13 @@ def cancel_by(
             # Runners executing any of these stop the perform; others ignore the notice.
             conn.execute(
                 "SELECT pg_notify(%s, %s || '.' || i) FROM unnest(%s::bigint[]) AS i",
-                (_sql.CANCEL_CHANNEL, schema_name, ids_done),
+                (statements.CANCEL_CHANNEL, schema_name, ids_done),
             )
     return ids_done
 
 
 def _matching(
-    f: Filter, states: Iterable[JobState], stmts: _sql.Statements, database_url: str | None
+    f: Filter, states: Iterable[JobState], stmts: statements.Statements, database_url: str | None
 ) -> list[int]:
     where, params = f.where()
     query = sql.SQL("SELECT id FROM {jobs} WHERE state = ANY(%(from)s) AND {where} ORDER BY id")
@@ -185,7 +186,7 @@ def explain_no_match(
     """Why `retry_by` / `cancel_by` (`action` "retry" or "cancel") matched nothing: no job
     fits the filters at all, or the ones that do are in states the action leaves alone."""
     f = _filter(ids, queue, worker, tag, state)
-    stmts = _sql.statements(config.schema(schema))
+    stmts = statements.statements(config.schema(schema))
     where, params = f.where()
     query = sql.SQL("SELECT state, count(*) FROM {jobs} WHERE {where} GROUP BY state ORDER BY 1")
     with database.sync_pool(config.database_url(database_url)).connection() as conn:
@@ -230,7 +231,7 @@ class Status:
         }
 
 
-def _status(conn: psycopg.Connection[Any], stmts: _sql.Statements) -> Status:
+def _status(conn: psycopg.Connection[Any], stmts: statements.Statements) -> Status:
     counts: dict[str, dict[str, int]] = {}
     for queue, state, count in conn.execute(stmts.counts).fetchall():
         counts.setdefault(queue, {s.value: 0 for s in JobState})[state] = int(count)
@@ -261,7 +262,7 @@ def _queue_settings(conn: psycopg.Connection[Any], schema: str) -> dict[str, dic
 
 def _cron_entries(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
     """Each schedule with its next slot; an invalid stored expression shows as such."""
-    from shigoto import cronspec
+    from shigoto.cron import expression
 
     query = sql.SQL(
         "SELECT name, expression, timezone, worker, queue, enabled, last_slot_at, last_job_id,"
@@ -270,7 +271,7 @@ def _cron_entries(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, 
     entries = []
     for name, expr, tz, worker, queue, enabled, last, last_job, now in conn.execute(query):
         try:
-            upcoming = cronspec.parse(expr, tz).next_after(now).isoformat() if enabled else None
+            upcoming = expression.parse(expr, tz).next_after(now).isoformat() if enabled else None
         except ValidationError:
             upcoming = "invalid expression"
         entries.append({
@@ -283,7 +284,7 @@ def _cron_entries(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, 
 
 def status(*, database_url: str | None = None, schema: str | None = None) -> Status:
     """Counts by queue and state, age of the oldest available job per queue, live nodes."""
-    stmts = _sql.statements(config.schema(schema))
+    stmts = statements.statements(config.schema(schema))
     with database.sync_pool(config.database_url(database_url)).connection() as conn:
         return _status(conn, stmts)
 
@@ -309,7 +310,7 @@ def health(
 
     An unreachable database is reported as unhealthy within `timeout` seconds.
     """
-    stmts = _sql.statements(config.schema(schema))
+    stmts = statements.statements(config.schema(schema))
     url = config.database_url(database_url)
     try:
         pool = database.sync_pool(url)  # connects once at first use: may fail too
@@ -353,7 +354,7 @@ def prune(
     days) move to the archive; archived ones older than `archive_retention` (default 30 days)
     are deleted. Returns {"archived": n, "deleted": m}. Runners do this hourly on their own."""
     from shigoto import telemetry
-    from shigoto.pruner import PRUNE_BATCH
+    from shigoto.runtime.pruner import PRUNE_BATCH
 
     defaults = config.RunnerSettings()
     after = defaults.prune_after if prune_after is None else prune_after
@@ -361,7 +362,7 @@ def prune(
     for name, value in (("prune_after", after), ("archive_retention", keep)):
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise ValidationError(name, f"must be zero or more seconds, got {value!r}")
-    stmts = _sql.statements(config.schema(schema))
+    stmts = statements.statements(config.schema(schema))
     done = {"archived": 0, "deleted": 0}
     started = time.monotonic()
     with database.sync_pool(config.database_url(database_url)).connection() as conn:

@@ -19,8 +19,10 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from shigoto import _sql, config, cronspec, database, jobspec, telemetry
+from shigoto import config, jobspec, telemetry
 from shigoto._service import Service
+from shigoto.cron import expression as cron_expression
+from shigoto.db import database, statements
 from shigoto.errors import ValidationError
 
 log = logging.getLogger("shigoto.cron")
@@ -67,7 +69,7 @@ WHERE name = %(name)s
 
 @functools.cache
 def _stmt(template: str, schema: str) -> str:
-    return _sql.compose(template, schema)
+    return statements.compose(template, schema)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +86,7 @@ class Schedule:
     max_attempts: int | None = None
     tags: tuple[str, ...] = ()
     enabled: bool = True
-    catch_up: cronspec.CatchUp = "latest"
+    catch_up: cron_expression.CatchUp = "latest"
     catch_up_limit: int = 100
 
 
@@ -106,12 +108,13 @@ def build_schedule(
     """Validate everything before anything is written; errors name the field."""
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise ValidationError("name", "a schedule needs a name of 1 to 200 characters")
-    spec = cronspec.parse(expression, timezone)
+    spec = cron_expression.parse(expression, timezone)
     job = jobspec.build(worker, args, queue=queue, priority=priority,
                         max_attempts=max_attempts, tags=tags)  # fmt: skip
-    if catch_up not in cronspec.CATCH_UP_MODES:
+    if catch_up not in cron_expression.CATCH_UP_MODES:
         raise ValidationError(
-            "catch_up", f"must be one of {', '.join(cronspec.CATCH_UP_MODES)}, got {catch_up!r}"
+            "catch_up",
+            f"must be one of {', '.join(cron_expression.CATCH_UP_MODES)}, got {catch_up!r}",
         )
     if (
         isinstance(catch_up_limit, bool)
@@ -128,7 +131,7 @@ def build_schedule(
 
 
 def _upsert_params(s: Schedule, now: datetime) -> dict[str, Any]:
-    spec = cronspec.parse(s.expression, s.timezone)
+    spec = cron_expression.parse(s.expression, s.timezone)
     return {
         "name": s.name, "expression": s.expression, "timezone": s.timezone, "worker": s.worker,
         "args": json.dumps(s.args), "queue": s.queue, "priority": s.priority,
@@ -291,12 +294,12 @@ class CronScheduler(Service):
             if row is None:
                 return []
             try:
-                spec = cronspec.parse(row["expression"], row["timezone"])
+                spec = cron_expression.parse(row["expression"], row["timezone"])
             except ValidationError as exc:
                 log.error("cron %s is invalid and skipped: %s", name, exc)
                 return []
             now = self.clock() if self.clock else row["db_now"]
-            slots = cronspec.due_slots(
+            slots = cron_expression.due_slots(
                 spec, row["last_slot_at"], now, row["catch_up"], row["catch_up_limit"]
             )
             if not slots:
@@ -308,7 +311,7 @@ class CronScheduler(Service):
                     "args": json.dumps(row["args"]), "priority": row["priority"],
                     "max_attempts": row["max_attempts"], "tags": row["tags"],
                     "meta": json.dumps({"cron": name, "slot": slot.astimezone(UTC).isoformat()}),
-                    "unique_key": cronspec.slot_key(name, slot),
+                    "unique_key": cron_expression.slot_key(name, slot),
                 })  # fmt: skip
                 inserted = await cur2.fetchone()
                 if inserted:
@@ -318,7 +321,7 @@ class CronScheduler(Service):
             })  # fmt: skip
             if ids:
                 await conn.execute(
-                    _sql.statements(self.schema).notify_queues, {"queues": [row["queue"]]}
+                    statements.statements(self.schema).notify_queues, {"queues": [row["queue"]]}
                 )
         log.info("cron %s enqueued %d slot(s)", name, len(ids),
                  extra={"cron": name, "job_ids": ids})  # fmt: skip

@@ -18,7 +18,8 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg.types.string import StrBinaryDumper
 
-from shigoto import _sql, config, database, jobspec
+from shigoto import config, jobspec, signatures
+from shigoto.db import database, statements
 from shigoto.errors import ValidationError
 from shigoto.job import Job, JobState
 from shigoto.jobspec import JobSpec
@@ -152,14 +153,14 @@ def enqueue(
     )  # fmt: skip
     if interceptor is not None:
         return interceptor.record([spec])[0]
-    stmts = _sql.statements(config.schema(schema))
+    stmts = statements.statements(config.schema(schema))
     if conn is not None:
         return _insert_one(conn, stmts, spec)
     with database.sync_pool(config.database_url(database_url)).connection() as c:
         return _insert_one(c, stmts, spec)
 
 
-def _insert_one(conn: psycopg.Connection[Any], stmts: _sql.Statements, spec: JobSpec) -> Job:
+def _insert_one(conn: psycopg.Connection[Any], stmts: statements.Statements, spec: JobSpec) -> Job:
     with conn.cursor(row_factory=tuple_row) as cur, _too_large():  # any row factory
         cur.execute(stmts.insert_one, spec.as_params())
         row = cur.fetchone()
@@ -180,7 +181,7 @@ def enqueue_many(
         return []
     if interceptor is not None:
         return interceptor.record(specs)
-    stmts = _sql.statements(config.schema(schema))
+    stmts = statements.statements(config.schema(schema))
     if conn is not None:
         if _caller_commits(conn):
             return _insert_many(conn, stmts, specs)
@@ -191,7 +192,7 @@ def enqueue_many(
 
 
 def _insert_many(
-    conn: psycopg.Connection[Any], stmts: _sql.Statements, specs: list[JobSpec]
+    conn: psycopg.Connection[Any], stmts: statements.Statements, specs: list[JobSpec]
 ) -> list[Job]:
     with conn.cursor() as cur:
         cur.execute(stmts.reserve_ids, {"count": len(specs)})
@@ -240,7 +241,7 @@ async def aenqueue(
     )  # fmt: skip
     if interceptor is not None:
         return (await interceptor.arecord([spec]))[0]
-    stmts = _sql.statements(config.schema(schema))
+    stmts = statements.statements(config.schema(schema))
     if conn is not None:
         return await _ainsert_one(conn, stmts, spec)
     pool = await database.async_pool(config.database_url(database_url))
@@ -249,7 +250,7 @@ async def aenqueue(
 
 
 async def _ainsert_one(
-    conn: psycopg.AsyncConnection[Any], stmts: _sql.Statements, spec: JobSpec
+    conn: psycopg.AsyncConnection[Any], stmts: statements.Statements, spec: JobSpec
 ) -> Job:
     async with conn.cursor(row_factory=tuple_row) as cur:  # whatever the caller's row factory
         with _too_large():
@@ -272,7 +273,7 @@ async def aenqueue_many(
         return []
     if interceptor is not None:
         return await interceptor.arecord(specs)
-    stmts = _sql.statements(config.schema(schema))
+    stmts = statements.statements(config.schema(schema))
     if conn is not None:
         if _caller_commits(conn):
             return await _ainsert_many(conn, stmts, specs)
@@ -284,7 +285,7 @@ async def aenqueue_many(
 
 
 async def _ainsert_many(
-    conn: psycopg.AsyncConnection[Any], stmts: _sql.Statements, specs: list[JobSpec]
+    conn: psycopg.AsyncConnection[Any], stmts: statements.Statements, specs: list[JobSpec]
 ) -> list[Job]:
     async with conn.cursor() as cur:
         await cur.execute(stmts.reserve_ids, {"count": len(specs)})
@@ -358,9 +359,7 @@ def _split_legacy(worker: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any], 
     stays an arg; an option name it does not declare is taken as the option, with a
     DeprecationWarning pointing at `.options()`.
     """
-    from shigoto.jobspec import _signature_of
-
-    declared = _signature_of(worker).names
+    declared = signatures.params(worker.fn).names
     options = {k: kwargs[k] for k in kwargs.keys() & OPTION_KEYWORDS if k not in declared}
     if not options:
         return kwargs, {}

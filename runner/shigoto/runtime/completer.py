@@ -27,9 +27,10 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from shigoto import _sql, telemetry
-from shigoto.executor import Completion, unstorable
+from shigoto import telemetry
+from shigoto.db import statements
 from shigoto.job import JobState
+from shigoto.runtime.executor import Completion, unstorable
 
 log = logging.getLogger("shigoto.completer")
 
@@ -97,7 +98,7 @@ class Completer:
     def __init__(
         self,
         pool: AsyncConnectionPool,
-        stmts: _sql.Statements,
+        stmts: statements.Statements,
         node: str,
         on_flush: Callable[[list[Completion]], None] | None = None,
         max_backlog: int = MAX_BACKLOG,

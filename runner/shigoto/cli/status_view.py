@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from shigoto.job import JobState
-from shigoto.operations import Status
+from shigoto.ops.operations import Status
 
 
 def _cell(value: Any) -> str:

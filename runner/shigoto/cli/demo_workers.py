@@ -1,7 +1,7 @@
 """The example workers of `shigoto demo`: one small story for each outcome a perform can have.
 
 They live in an importable module, so the runner resolves them by name
-(`shigoto.demo_workers.charge_card`) exactly as it resolves an application's own workers.
+(`shigoto.cli.demo_workers.charge_card`) exactly as it resolves an application's own workers.
 Every story is decided by the job itself (its attempt, its args, the clock), never by state kept
 between runs, so the demo tells the same story every time.
 """

@@ -35,13 +35,14 @@ from typing import TYPE_CHECKING, Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from shigoto import _sql, telemetry
+from shigoto import telemetry
 from shigoto._service import Service
+from shigoto.db import statements
 from shigoto.job import JOB_COLUMNS, Job
 from shigoto.worker import DEFAULT_MAX_ATTEMPTS
 
 if TYPE_CHECKING:
-    from shigoto.executor import JobExecutor
+    from shigoto.runtime.executor import JobExecutor
 
 log = logging.getLogger("shigoto.rescuer")
 
@@ -154,7 +155,7 @@ class Rescuer(Service):
         """Remove the rows of nodes silent past `rescue_after`: they are dead."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                _sql.compose(_FORGET_NODES, self.schema), {"after": self.rescue_after}
+                statements.compose(_FORGET_NODES, self.schema), {"after": self.rescue_after}
             )
             gone = [r[0] for r in await cur.fetchall()]
         if gone:
@@ -166,14 +167,15 @@ class Rescuer(Service):
         params = {"after": self.rescue_after, "stuck_after": self.stuck_after,
                   "default_max": DEFAULT_MAX_ATTEMPTS, "limit": RESCUE_BATCH}  # fmt: skip
         async with self.pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(_sql.compose(_RESCUE, self.schema), params)
+            cur = await conn.execute(statements.compose(_RESCUE, self.schema), params)
             rows = await cur.fetchall()
             if not rows:
                 return []
             rescued = [{"id": r[0], "queue": r[1], "state": r[2]} for r in rows]
             queues = sorted({r["queue"] for r in rescued if r["state"] == "available"})
             if queues:
-                await conn.execute(_sql.statements(self.schema).notify_queues, {"queues": queues})
+                notify = statements.statements(self.schema).notify_queues
+                await conn.execute(notify, {"queues": queues})
         ids = [r[0] for r in rows]
         dead = sorted({r[3] for r in rows if r[4]})
         stuck = sorted({r[3] for r in rows if not r[4]})
@@ -199,19 +201,19 @@ async def call_pending_discards(
     announce again). Returns the ids whose callback was called here.
     """
     async with pool.connection() as conn:
-        cur = await conn.execute(_sql.compose(_PENDING_WORKERS, schema), {"ids": ids})
+        cur = await conn.execute(statements.compose(_PENDING_WORKERS, schema), {"ids": ids})
         pending = await cur.fetchall()
     mine, elsewhere = [], []
     for job_id, worker in pending:
         (mine if _resolves(executor, worker) else elsewhere).append(job_id)
     if elsewhere and announce:
         async with pool.connection() as conn:
-            await conn.execute(_sql.compose(_NOTIFY_DISCARDS, schema), {"ids": elsewhere})
+            await conn.execute(statements.compose(_NOTIFY_DISCARDS, schema), {"ids": elsewhere})
     if not mine:
         return []
     async with pool.connection() as conn:
         cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(_sql.compose(_TAKE_PENDING, schema), {"ids": mine})
+        await cur.execute(statements.compose(_TAKE_PENDING, schema), {"ids": mine})
         taken = [Job.from_row(row) for row in await cur.fetchall()]
     for job in taken:
         await executor.on_discard(job, executor.resolve(job.worker), job.errors)

@@ -12,7 +12,7 @@ the loop keep fresh:
   ready, that verdict is good, the loop is alive and the runner has not given up on too many
   stuck sync threads (`Runner.stuck_reason`, which stays reported after the runner stopped);
 - a depth poller refreshes the queue-depth gauge every `depth_interval`; the job counters
-  follow telemetry events (see `shigoto.metrics`).
+  follow telemetry events (see `shigoto.ops.metrics`).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import psycopg
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from shigoto._service import Service
-from shigoto.metrics import RunnerMetrics
-from shigoto.migrate import current_version, latest_version
+from shigoto.db.migrate import current_version, latest_version
+from shigoto.ops.metrics import RunnerMetrics
 from shigoto.worker import registered_names
 
 log = logging.getLogger("shigoto.probes")

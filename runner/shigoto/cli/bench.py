@@ -39,17 +39,18 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from shigoto import config, database, embedded, telemetry
-from shigoto.client import enqueue, enqueue_many
+from shigoto import config, telemetry
+from shigoto.client.enqueuing import enqueue, enqueue_many
+from shigoto.db import database, embedded
+from shigoto.db.migrate import migrate
 from shigoto.errors import ValidationError
-from shigoto.migrate import migrate
 from shigoto.worker import worker
 
 BENCH_DATABASE = "shigoto_bench"
 QUEUE = "bench"
 
 
-@worker(name="shigoto.bench.noop", queue=QUEUE)
+@worker(name="shigoto.cli.bench.noop", queue=QUEUE)
 async def noop(**_: Any) -> None:
     """The benchmark's job: does nothing, so the figures measure the queue, not the work."""
 
@@ -234,7 +235,7 @@ def measure_single(url: str, cfg: BenchConfig, progress: Progress) -> dict[str, 
 
 
 def _runner(url: str, cfg: BenchConfig) -> Any:
-    from shigoto.runner import Runner
+    from shigoto.runtime.runner import Runner
 
     return Runner({QUEUE: cfg.concurrency}, database_url=url, schema=cfg.schema,
                   auto_migrate=False)  # fmt: skip

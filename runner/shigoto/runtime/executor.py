@@ -1,6 +1,6 @@
 """Runs one job under its timeout and maps what happened to a `Completion`. No SQL here.
 
-Async performs run on the event loop; sync performs run on a thread of `shigoto.threads` with
+Async performs run on the event loop; sync performs run on a thread of `runtime.threads` with
 the job context copied in, or in a child process with `isolation="process"`. A thread cannot be
 killed: a sync perform past its deadline (or cancelled) has its attempt failed at once, its
 context's `cancelled` turned True, and its thread abandoned, counted as stuck until it returns.
@@ -31,9 +31,9 @@ from shigoto import telemetry
 from shigoto.backoff import default_backoff
 from shigoto.context import JobContext, reset_current, set_current
 from shigoto.errors import Cancel, Discard, JobTimeoutError, Outcome, Snooze
-from shigoto.isolation import perform_in_process
 from shigoto.job import Job, JobState
-from shigoto.threads import Threads
+from shigoto.runtime.isolation import perform_in_process
+from shigoto.runtime.threads import Threads
 from shigoto.worker import DEFAULT_MAX_ATTEMPTS, DEFAULT_TIMEOUT, Worker
 
 log = logging.getLogger("shigoto.executor")

@@ -33,7 +33,7 @@ def migrations_dir() -> Path:
     packaged = Path(str(resources.files("shigoto"))) / "migrations"
     if packaged.is_dir():
         return packaged
-    checkout = Path(__file__).resolve().parents[2] / "migrations"
+    checkout = Path(__file__).resolve().parents[3] / "migrations"
     if checkout.is_dir():
         return checkout
     raise MigrationError(f"no migrations found in {packaged} or {checkout}: reinstall shigoto")

@@ -42,7 +42,8 @@ from prometheus_client import (
 )
 from psycopg_pool import AsyncConnectionPool
 
-from shigoto import _sql, telemetry
+from shigoto import telemetry
+from shigoto.db import statements
 from shigoto.errors import Discard
 from shigoto.job import JobState
 
@@ -165,7 +166,7 @@ class RunnerMetrics:
                 self._depth_keys.discard((queue, state.value))
                 self.depth.remove(queue, state.value)
 
-    async def refresh_depth(self, pool: AsyncConnectionPool, stmts: _sql.Statements) -> None:
+    async def refresh_depth(self, pool: AsyncConnectionPool, stmts: statements.Statements) -> None:
         """Query the counts by queue and state and publish them."""
         async with pool.connection() as conn:
             cur = await conn.execute(stmts.counts)

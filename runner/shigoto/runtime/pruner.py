@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from psycopg_pool import AsyncConnectionPool
 
-from shigoto import _sql, telemetry
+from shigoto import telemetry
 from shigoto._service import Service
+from shigoto.db import statements
 
 PRUNE_BATCH = 10_000
 
@@ -30,7 +31,7 @@ class Pruner(Service):
     def __init__(
         self,
         pool: AsyncConnectionPool,
-        stmts: _sql.Statements,
+        stmts: statements.Statements,
         node: str,
         *,
         interval: float,

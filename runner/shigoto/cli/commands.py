@@ -23,10 +23,11 @@ from typing import Any
 
 import psycopg
 
-from shigoto import config, embedded, logs
+from shigoto import config, logs
+from shigoto.db import embedded
 from shigoto.errors import ConfigurationError, Error, ValidationError
-from shigoto.executor import CALLBACK_TIMEOUT
-from shigoto.rescuer import STUCK_AFTER
+from shigoto.runtime.executor import CALLBACK_TIMEOUT
+from shigoto.runtime.rescuer import STUCK_AFTER
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DEFAULT_HEALTH_HOST = "0.0.0.0"
@@ -148,7 +149,7 @@ def _database_url(args: argparse.Namespace) -> str:
                 "e.g. postgresql://user@host:5432/dbname"
             ) from None
         return str(args.database_url)
-    from shigoto.migrate import migrate
+    from shigoto.db.migrate import migrate
 
     url = embedded.start()
     print(f"no {config.ENV_DATABASE_URL} set: using the embedded PostgreSQL at {url} "
@@ -378,7 +379,7 @@ def _fail(args: argparse.Namespace, message: str) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from shigoto.migrate import migrate
+    from shigoto.db.migrate import migrate
 
     applied = migrate(_database_url(args), schema=args.schema)
     print(f"applied migrations {applied}" if applied else "schema is up to date")
@@ -386,8 +387,8 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _runner(args: argparse.Namespace) -> Any:
-    from shigoto.cron import load_file
-    from shigoto.runner import Runner
+    from shigoto.cron.scheduler import load_file
+    from shigoto.runtime.runner import Runner
 
     queues = (config.parse_queues(",".join(args.queues)) if args.queues
               else config.queues_from_env())  # fmt: skip
@@ -416,7 +417,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.no_migrate:
         # Migrating connects first and fails at once with the server's reason; without it,
         # the runner's pool would retry for 30 s and then say only that it timed out.
-        from shigoto import database
+        from shigoto.db import database
 
         psycopg.connect(runner.url, **database.connect_kwargs(runner.url)).close()
     asyncio.run(_serve(runner, args))
@@ -463,7 +464,7 @@ def _handle_signals(runner: Any) -> None:
 async def _start_health(runner: Any, args: argparse.Namespace) -> Any:
     if args.health_port is None:
         return None
-    from shigoto.probes import HealthServer
+    from shigoto.ops.probes import HealthServer
 
     server = HealthServer(runner, port=args.health_port, host=args.health_host)
     try:
@@ -491,7 +492,7 @@ def _exit_even_if_threads_linger() -> None:
 
 
 def _enqueue(args: argparse.Namespace) -> int:
-    from shigoto.client import enqueue
+    from shigoto.client.enqueuing import enqueue
 
     try:
         job_args = json.loads(args.args)
@@ -508,8 +509,8 @@ def _enqueue(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from shigoto.operations import status
-    from shigoto.status_view import render_status
+    from shigoto.cli.status_view import render_status
+    from shigoto.ops.operations import status
 
     st = status(database_url=_database_url(args), schema=args.schema)
     if args.json:
@@ -538,7 +539,7 @@ def _render_settings(st: Any) -> None:
 
 def _bulk(action: str) -> Callable[[argparse.Namespace], int]:
     def command(args: argparse.Namespace) -> int:
-        from shigoto import operations
+        from shigoto.ops import operations
 
         fn = operations.retry_by if action == "retry" else operations.cancel_by
         filters = {"ids": args.ids, "queue": args.queue, "worker": args.worker,
@@ -566,7 +567,7 @@ def _confirm_rerun(
     """Completed jobs did their work once; running them again must be meant."""
     if args.yes:
         return
-    from shigoto.operations import retry_by
+    from shigoto.ops.operations import retry_by
 
     count = len(retry_by(**filters, dry_run=True, **where))
     if not count:
@@ -583,7 +584,7 @@ def _confirm_rerun(
 
 def _pause(paused: bool) -> Callable[[argparse.Namespace], int]:
     def command(args: argparse.Namespace) -> int:
-        from shigoto.queue_settings import pause_queue, resume_queue
+        from shigoto.client.queue_settings import pause_queue, resume_queue
 
         change = pause_queue if paused else resume_queue
         with _flags_in_errors():
@@ -595,7 +596,7 @@ def _pause(paused: bool) -> Callable[[argparse.Namespace], int]:
 
 
 def _prune(args: argparse.Namespace) -> int:
-    from shigoto.operations import prune
+    from shigoto.ops.operations import prune
 
     with _flags_in_errors():
         done = prune(prune_after=args.prune_after, archive_retention=args.archive_retention,
@@ -626,13 +627,13 @@ def _embedded(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from shigoto.bench import main as bench_main
+    from shigoto.cli.bench import main as bench_main
 
     return bench_main(args, _database_url(args))
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from shigoto.demo import main as demo_main
+    from shigoto.cli.demo import main as demo_main
 
     return demo_main(_database_url(args), schema=args.schema)
 
@@ -652,5 +653,3 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": _demo,
 }
 
-if __name__ == "__main__":
-    sys.exit(main())

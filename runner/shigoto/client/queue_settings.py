@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from shigoto import _sql, config, database, telemetry
+from shigoto import config, telemetry
 from shigoto._service import Service
+from shigoto.db import database, statements
 from shigoto.errors import ValidationError
 
 _READ = "SELECT name, global_concurrency, paused FROM {queues} WHERE name = ANY(%(names)s)"
@@ -32,7 +33,7 @@ ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()
 
 @functools.cache
 def _stmt(template: str, schema: str) -> str:
-    return _sql.compose(template, schema)
+    return statements.compose(template, schema)
 
 
 class _Unset:

@@ -28,6 +28,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from shigoto import telemetry
+from shigoto._service import Service
 from shigoto.db import statements
 from shigoto.job import JobState
 from shigoto.runtime.executor import Completion, unstorable
@@ -91,9 +92,15 @@ def wire_params(params: dict[str, Any]) -> dict[str, Any]:
     return {k: _literal(v) if k in plain else v for k, v in params.items()}
 
 
-class Completer:
+class Completer(Service):
     """`on_flush` hears of every written batch: under a global limit, a job counts until its
-    outcome is written, so that is when runners may claim again."""
+    outcome is written, so that is when runners may claim again.
+
+    A service whose tick writes one batch (or waits for one); `stop()` (or `drain`) ends it
+    once everything pending is written.
+    """
+
+    name = "completer"
 
     def __init__(
         self,
@@ -104,6 +111,7 @@ class Completer:
         max_backlog: int = MAX_BACKLOG,
         write_timeout: float = WRITE_TIMEOUT,
     ) -> None:
+        super().__init__(0.0)  # no pause between ticks: a tick waits for work itself
         self.pool = pool
         self.stmts = stmts
         self.node = node
@@ -145,20 +153,29 @@ class Completer:
         if not self.full:
             self._room.set()
 
-    async def run(self) -> None:
-        """Write batches until stopped and drained."""
-        while True:
-            if not self._pending:
-                self._idle.set()
-                if self._stopping:
-                    return
-                self._ready.clear()
-                await self._ready.wait()
-                continue
-            batch = self._pending[:MAX_BATCH]
-            del self._pending[:MAX_BATCH]
-            self._taken()
-            await self._flush(batch)
+    async def run_once(self) -> int:
+        """Write one batch of what accumulated, or wait for some; returns how many were
+        written. Once stopping with nothing pending, ends the loop."""
+        if not self._pending:
+            self._idle.set()
+            if self._stopping:
+                self._stop.set()
+                return 0
+            self._ready.clear()
+            await self._ready.wait()
+            return 0
+        batch = self._pending[:MAX_BATCH]
+        del self._pending[:MAX_BATCH]
+        self._taken()
+        await self._flush(batch)
+        return len(batch)
+
+    def retry_wait(self, failures: int) -> float:
+        return min(RETRY_INITIAL * 2 ** (failures - 1), RETRY_MAX)
+
+    def request_stop(self) -> None:
+        self._stopping = True
+        self._ready.set()
 
     async def _flush(self, batch: list[Completion]) -> None:
         """Write `batch`; if the database keeps refusing it, row by row, then salvage the
@@ -244,8 +261,7 @@ class Completer:
 
     async def drain(self, timeout: float) -> bool:
         """Stop after writing what is pending; False if that did not finish within `timeout`."""
-        self._stopping = True
-        self._ready.set()
+        self.request_stop()
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except TimeoutError:

@@ -19,12 +19,15 @@ import contextlib
 import logging
 import os
 import socket
-import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
-from psycopg import sql
+
+from shigoto._service import Service
+from shigoto.clock import SYSTEM, Clock, database_now
+from shigoto.db import statements
 
 log = logging.getLogger("shigoto.elector")
 
@@ -34,23 +37,30 @@ DB_TIMEOUT = 5.0
 #: that ran out under such a stall would make leadership flap.
 MIN_TTL = 5.0
 
-# Take the lease if it is free, expired or already ours; renew it if ours. No row back means
-# someone else holds a live lease.
-_ACQUIRE = """
-INSERT INTO {leaders} AS l (name, leader_id, elected_at, expires_at)
-VALUES (%(name)s, %(id)s, now(), now() + make_interval(secs => %(ttl)s))
-ON CONFLICT (name) DO UPDATE
-    SET leader_id = excluded.leader_id,
-        elected_at = CASE WHEN l.leader_id = excluded.leader_id
-                          THEN l.elected_at ELSE excluded.elected_at END,
-        expires_at = excluded.expires_at
-    WHERE l.leader_id = excluded.leader_id OR l.expires_at < now()
-RETURNING leader_id
-"""
-_RESIGN = "DELETE FROM {leaders} WHERE name = %(name)s AND leader_id = %(id)s"
+class _Monotonic:
+    """A bare `() -> float` given as the clock (older callers): monotonic time only, so the
+    lease is timed on the database's clock."""
+
+    def __init__(self, read: Callable[[], float]) -> None:
+        self.read = read
+
+    def now(self) -> Any:
+        return SYSTEM.now()
+
+    def monotonic(self) -> float:
+        return self.read()
 
 
-class Elector:
+class Elector(Service):
+    """Takes and renews the lease every `interval`; `is_leader` says whether this node leads.
+
+    A service like the others (`start`, `stop`, `run_once`); a failing tick drops the session
+    and the leadership with it, and is retried every interval (no growing backoff: a lease
+    lost to a short outage should be won back soon).
+    """
+
+    name = "elector"
+
     def __init__(
         self,
         url: str,
@@ -59,23 +69,20 @@ class Elector:
         interval: float = 1.0,
         name: str = "leader",
         ttl: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | Callable[[], float] = SYSTEM,
     ) -> None:
+        super().__init__(
+            interval, clock=clock if isinstance(clock, Clock) else _Monotonic(clock)
+        )
         self.url = url
-        self.name = name
+        self.election = name
         self.key = f"shigoto.{name}.{schema}"
-        self.interval = interval
         self._ttl = ttl
-        self.clock = clock
         self.node_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        leaders = sql.Identifier(schema, "shigoto_leaders")
-        self._acquire = sql.SQL(_ACQUIRE).format(leaders=leaders)
-        self._resign = sql.SQL(_RESIGN).format(leaders=leaders)
+        self.stmts = statements.statements(schema)
         self._conn: psycopg.AsyncConnection | None = None
         self._leader = False
         self._lease_until = 0.0
-        self._last_error: str | None = None
-        self._stop = asyncio.Event()
         self._turn = asyncio.Lock()
         self.changed = asyncio.Event()
 
@@ -87,19 +94,14 @@ class Elector:
     @property
     def is_leader(self) -> bool:
         """True only while the last renewal this node sent still covers it."""
-        return self._leader and self.clock() < self._lease_until
+        return self._leader and self.clock.monotonic() < self._lease_until
 
-    async def run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                await self.run_once()
-            except (psycopg.Error, OSError) as exc:  # TimeoutError is an OSError
-                self._lose(f"leadership connection failed: {exc}")
-                self._note_error(exc)
-                await self._close()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self.interval)
-        await self._close()
+    def retry_wait(self, failures: int) -> float:
+        return self.interval
+
+    async def failed(self, exc: Exception) -> None:
+        self._lose(f"leadership connection failed: {exc}")
+        await self._close()  # the session may be half-dead: never renew through it again
 
     async def run_once(self) -> bool:
         """Take or renew the lease; returns whether this node leads now."""
@@ -118,11 +120,13 @@ class Elector:
                 ),
                 DB_TIMEOUT,
             )
-        sent = self.clock()
-        params = {"name": self.name, "id": self.node_id, "ttl": self.ttl}
-        cur = await asyncio.wait_for(self._conn.execute(self._acquire, params), DB_TIMEOUT)
+        sent = self.clock.monotonic()
+        params = {"name": self.election, "id": self.node_id, "ttl": self.ttl,
+                  "now": database_now(self.clock)}  # fmt: skip
+        cur = await asyncio.wait_for(
+            self._conn.execute(self.stmts.acquire_lease, params), DB_TIMEOUT
+        )
         held = await cur.fetchone() is not None
-        self._last_error = None
         if held:
             self._lease_until = sent + self.ttl
             if not self._leader:
@@ -132,13 +136,6 @@ class Elector:
         else:
             self._lose("another node holds the lease")
         return self.is_leader
-
-    def _note_error(self, exc: BaseException) -> None:
-        """Log a failing tick once per distinct error, not once per interval."""
-        text = str(exc) or type(exc).__name__
-        if text != self._last_error:
-            log.warning("leader election failed: %s", text, extra={"lock": self.key})
-        self._last_error = text
 
     def _lose(self, why: str, level: int = logging.WARNING) -> None:
         if self._leader:
@@ -160,11 +157,19 @@ class Elector:
             return
         with contextlib.suppress(psycopg.Error, OSError):
             await asyncio.wait_for(
-                conn.execute(self._resign, {"name": self.name, "id": self.node_id}), DB_TIMEOUT
+                conn.execute(self.stmts.resign_lease, {"name": self.election, "id": self.node_id}),
+                DB_TIMEOUT,
             )
 
-    async def stop(self) -> None:
-        self._stop.set()
+    async def wait_stopped(self) -> None:
+        """After `stop()`: resign (handing the lease over at once), then wait for the loop."""
+        # Resign at once, even while a loop run by someone else finishes its tick: the lock
+        # orders the resign after a renewal in flight, and `run_once` renews no more.
+        await self.on_stop()
+        if self.task is not None:
+            await asyncio.wait([self.task])
+
+    async def on_stop(self) -> None:
         async with self._turn:  # let a renewal in flight finish first, then resign
             was_leader = self._leader
             self._leader, self._lease_until = False, 0.0
@@ -173,3 +178,4 @@ class Elector:
                 self.changed.set()
                 await self._resign_lease()
             await self._close()
+

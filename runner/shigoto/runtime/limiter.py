@@ -28,7 +28,6 @@ its sessions killed and not back within `GRACE`) is counted out too early.
 
 from __future__ import annotations
 
-import functools
 import logging
 import zlib
 from typing import Any
@@ -37,6 +36,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from shigoto._service import Service
+from shigoto.clock import SYSTEM, Clock, database_now
 from shigoto.db import statements
 
 log = logging.getLogger("shigoto.limiter")
@@ -49,69 +49,27 @@ GRACE = 3.0
 #: How long (seconds) after the server started every executing row counts.
 RESTART_GRACE = 15.0
 
-# A session advisory lock per node (bigint key, so objsubid 1 in pg_locks): held by the node's
-# limiter connection for as long as the process lives. `_BUSY` computes the same key.
-_TAKE_LIVENESS = "SELECT pg_try_advisory_lock(hashtextextended(%(schema)s || ':' || %(node)s, 0))"
-
-_PROVE = "UPDATE {nodes} SET last_seen_at = now() WHERE id = %(node)s"
-
-# Executing rows of the scope whose runner may still be running them (see the module doc).
-_BUSY = """
-WITH locked AS MATERIALIZED (
-    SELECT classid, objid FROM pg_locks
-    WHERE locktype = 'advisory' AND granted AND objsubid = 1
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-)
-SELECT {group_by}, count(*) AS busy
-FROM {jobs} AS j LEFT JOIN {nodes} AS n ON n.id = j.attempted_by
-WHERE j.state = 'executing' AND {scope_filter}
-  AND (n.last_seen_at > now() - make_interval(secs => %(grace)s)
-       OR pg_postmaster_start_time() > now() - make_interval(secs => %(restart_grace)s)
-       OR (((hashtextextended({schema_name} || ':' || j.attempted_by, 0) >> 32)
-             & 4294967295)::oid,
-           (hashtextextended({schema_name} || ':' || j.attempted_by, 0) & 4294967295)::oid)
-          IN (SELECT classid, objid FROM locked))
-GROUP BY {group_by}
-"""
-
-_LOCK_SCOPE = "SELECT pg_advisory_xact_lock(%(scope)s, -1)"
-
-
 def scope_key(schema: str, kind: str, name: str) -> int:
     """A stable signed 32-bit key for one limit (a queue's or a worker's)."""
     value = zlib.crc32(f"shigoto:{schema}:{kind}:{name}".encode())
     return value - 2**32 if value >= 2**31 else value
 
 
-@functools.cache
-def _busy(schema: str, kind: str) -> str:
-    column = "j.queue" if kind == "queue" else "j.worker"
-    template = _BUSY.replace("{group_by}", column).replace(
-        "{scope_filter}", f"{column} = ANY(%(names)s::text[])"
-    )
-    return statements.compose(template, schema)
-
-
-@functools.cache
-def limited_claim(claim: str) -> str:
-    """A claim statement that takes at most `%(room)s` jobs, whatever `%(limit)s` asks."""
-    assert "LIMIT %(limit)s" in claim
-    return claim.replace("LIMIT %(limit)s", "LIMIT least(%(limit)s, %(room)s)")
-
-
 async def count_busy(
     conn: psycopg.AsyncConnection[Any], schema: str, kind: str, names: list[str]
 ) -> dict[str, int]:
     """Executing jobs that count against the limits of `names` (queues or workers)."""
+    stmts = statements.statements(schema)
+    statement = stmts.busy_by_queue if kind == "queue" else stmts.busy_by_worker
     cur = await conn.execute(
-        _busy(schema, kind), {"names": names, "grace": GRACE, "restart_grace": RESTART_GRACE}
+        statement, {"names": names, "grace": GRACE, "restart_grace": RESTART_GRACE}
     )
     return {str(name): int(n) for name, n in await cur.fetchall()}
 
 
-async def lock_scope(conn: psycopg.AsyncConnection[Any], scope: int) -> None:
+async def lock_scope(conn: psycopg.AsyncConnection[Any], schema: str, scope: int) -> None:
     """Serialise admissions of one scope until the end of the current transaction."""
-    await conn.execute(_LOCK_SCOPE, {"scope": scope})
+    await conn.execute(statements.statements(schema).lock_scope, {"scope": scope})
 
 
 class Limiter(Service):
@@ -124,15 +82,21 @@ class Limiter(Service):
     name = "limiter"
 
     def __init__(
-        self, url: str, schema: str, node: str, pool: AsyncConnectionPool | None = None
+        self,
+        url: str,
+        schema: str,
+        node: str,
+        pool: AsyncConnectionPool | None = None,
+        *,
+        clock: Clock = SYSTEM,
     ) -> None:
-        super().__init__(PROVE_INTERVAL)
+        super().__init__(PROVE_INTERVAL, clock=clock)
         self.url = url
         self.schema = schema
         self.node = node
         self.pool = pool
         self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._prove = statements.compose(_PROVE, schema)
+        self.stmts = statements.statements(schema)
 
     async def run_once(self) -> None:
         try:
@@ -145,34 +109,40 @@ class Limiter(Service):
         # runner's jobs look abandoned while it reconnects.
         if self.pool is not None:
             async with self.pool.connection() as conn:
-                await conn.execute(self._prove, {"node": self.node})
+                await conn.execute(self.stmts.prove, self._params())
 
     async def _hold_lock(self) -> None:
         conn = self._conn
         if conn is not None and not conn.closed and not conn.broken:
-            await conn.execute(self._prove, {"node": self.node})
+            await conn.execute(self.stmts.prove, self._params())
             return
         conn = await psycopg.AsyncConnection.connect(
             self.url, autocommit=True, application_name=f"shigoto-limiter:{self.node}"[:63]
         )
         self._conn = conn
-        cur = await conn.execute(_TAKE_LIVENESS, {"schema": self.schema, "node": self.node})
+        cur = await conn.execute(self.stmts.take_liveness, {"node": self.node})
         row = await cur.fetchone()
         if not (row and row[0]):
             log.warning("liveness lock of node %s is held by another session", self.node)
-        await conn.execute(self._prove, {"node": self.node})
+        await conn.execute(self.stmts.prove, self._params())
+
+    def _params(self) -> dict[str, Any]:
+        return {"node": self.node, "now": database_now(self.clock)}
 
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None and not conn.closed:
             await conn.close()
 
+    async def on_stop(self) -> None:
+        await self._drop()
+
     async def close(self) -> None:
-        self.stop()
+        self.stop()  # not awaited: a tick stuck connecting must not hold the shutdown up
         await self._drop()
 
 
 __all__ = [
-    "GRACE", "PROVE_INTERVAL", "RESTART_GRACE", "Limiter", "count_busy", "limited_claim",
-    "lock_scope", "scope_key",
+    "GRACE", "PROVE_INTERVAL", "RESTART_GRACE", "Limiter", "count_busy", "lock_scope",
+    "scope_key",
 ]  # fmt: skip

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from psycopg_pool import AsyncConnectionPool
 
 from shigoto._service import Service
+from shigoto.clock import SYSTEM, Clock, database_now
 from shigoto.db import statements
 
 
@@ -29,8 +30,10 @@ class Heartbeat(Service):
         node: str,
         queues: Callable[[], dict[str, int]],
         interval: float,
+        *,
+        clock: Clock = SYSTEM,
     ) -> None:
-        super().__init__(interval)
+        super().__init__(interval, clock=clock)
         self.pool = pool
         self.stmts = stmts
         self.node = node
@@ -41,7 +44,7 @@ class Heartbeat(Service):
             await conn.execute(
                 self.stmts.node_upsert,
                 {"id": self.node, "hostname": socket.gethostname(), "pid": os.getpid(),
-                 "queues": json.dumps(self.queues())},
+                 "queues": json.dumps(self.queues()), "now": database_now(self.clock)},
             )  # fmt: skip
 
     async def unregister(self) -> None:

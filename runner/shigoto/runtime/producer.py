@@ -23,10 +23,12 @@ import time
 from collections.abc import Awaitable, Callable
 
 from shigoto import telemetry
+from shigoto._service import Service
 from shigoto.job import Job
 
 log = logging.getLogger("shigoto.producer")
 
+CLAIM_RETRY_INITIAL = 0.5
 CLAIM_RETRY_MAX = 30.0
 
 ClaimFn = Callable[[str, int], Awaitable[list[Job]]]
@@ -34,7 +36,13 @@ ExecuteFn = Callable[[Job], Awaitable[None]]
 RoomFn = Callable[[], Awaitable[None]]
 
 
-class Producer:
+class Producer(Service):
+    """A service whose tick is one claim (`run_once` returns how many jobs it started); between
+    ticks it waits for a wake-up or `poll_interval`, and after a failed claim for its backoff.
+    `stop()` (or `stop_claiming()`) ends claiming; running jobs are the runner's to drain."""
+
+    name = "producer"
+
     def __init__(
         self,
         queue: str,
@@ -47,6 +55,8 @@ class Producer:
         node: str,
         room: RoomFn | None = None,
     ) -> None:
+        super().__init__(poll_interval)
+        self.name = f"producer of queue {queue}"  # in its log lines; the logger stays
         self.queue = queue
         self._room = room
         self.concurrency = concurrency
@@ -66,6 +76,7 @@ class Producer:
         self._drained = asyncio.Event()
         self._drained.set()
         self._stopped = asyncio.Event()
+        self._retrying = False
 
     def wake(self) -> None:
         self._wake.set()
@@ -74,35 +85,48 @@ class Producer:
     def free(self) -> int:
         return max(self.concurrency - len(self.running), 0)
 
+    @property
+    def poll_interval(self) -> float:
+        return self.interval
+
+    @poll_interval.setter
+    def poll_interval(self, value: float) -> None:
+        self.interval = value
+
     def stop_claiming(self) -> None:
+        self.stop()
+
+    def request_stop(self) -> None:
         self._claiming = False
         self._stopped.set()
         self._wake.set()
+        self._stop.set()
 
-    async def run(self) -> None:
-        retry = 0.5
-        while self._claiming:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_interval)
-            self._wake.clear()
-            if not self._claiming or self.paused or self.wanted == 0:
-                continue
-            if not await self._has_room():
-                continue
-            try:
-                jobs = await self._claim_batch()
-            except Exception as exc:
-                log.warning(
-                    "claim on queue %s failed, retrying in %.1fs: %s", self.queue, retry, exc,
-                    extra={"queue": self.queue, "node": self.node},
-                )  # fmt: skip
-                await asyncio.sleep(retry)
-                retry = min(retry * 2, CLAIM_RETRY_MAX)
-                self._wake.set()
-                continue
-            retry = 0.5
-            for job in jobs:
-                self._start(job)
+    async def run_once(self) -> int:
+        """Claim what the free slots allow and start those jobs; returns how many."""
+        if not self._claiming or self.paused or self.wanted == 0:
+            return 0
+        if not await self._has_room():
+            return 0
+        jobs = await self._claim_batch()
+        for job in jobs:
+            self._start(job)
+        return len(jobs)
+
+    async def wait_next(self, seconds: float) -> None:
+        if self._retrying:  # after a failed claim: its backoff, then claim again at once
+            self._retrying = False
+            await super().wait_next(seconds)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+        self._wake.clear()
+
+    def retry_wait(self, failures: int) -> float:
+        return min(CLAIM_RETRY_INITIAL * 2 ** (failures - 1), CLAIM_RETRY_MAX)
+
+    async def failed(self, exc: Exception) -> None:
+        self._retrying = True
 
     async def _has_room(self) -> bool:
         """Wait until the completer has room for more outcomes; False if claiming stopped

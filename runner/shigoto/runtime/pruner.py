@@ -6,7 +6,6 @@ bounded batches so a huge backlog never holds long locks.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -14,6 +13,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from shigoto import telemetry
 from shigoto._service import Service
+from shigoto.clock import SYSTEM, Clock, database_now
 from shigoto.db import statements
 
 PRUNE_BATCH = 10_000
@@ -38,8 +38,9 @@ class Pruner(Service):
         prune_after: float,
         archive_retention: float,
         is_leader: Callable[[], bool] | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
-        super().__init__(interval, is_leader)
+        super().__init__(interval, is_leader, clock=clock)
         self.pool = pool
         self.stmts = stmts
         self.node = node
@@ -47,20 +48,22 @@ class Pruner(Service):
         self.archive_retention = archive_retention
 
     async def run_once(self) -> PruneResult:
-        started = time.monotonic()
+        started = self.clock.monotonic()
+        now = database_now(self.clock)
         archived = deleted = 0
         async with self.pool.connection() as conn:
             while True:
                 cur = await conn.execute(
-                    self.stmts.archive, {"after": self.prune_after, "limit": PRUNE_BATCH}
+                    self.stmts.archive_at,
+                    {"after": self.prune_after, "limit": PRUNE_BATCH, "now": now},
                 )
                 archived += cur.rowcount
                 if cur.rowcount < PRUNE_BATCH:
                     break
             while True:
                 cur = await conn.execute(
-                    self.stmts.delete_archived,
-                    {"after": self.archive_retention, "limit": PRUNE_BATCH},
+                    self.stmts.delete_archived_at,
+                    {"after": self.archive_retention, "limit": PRUNE_BATCH, "now": now},
                 )
                 deleted += cur.rowcount
                 if cur.rowcount < PRUNE_BATCH:
@@ -68,7 +71,11 @@ class Pruner(Service):
         result = PruneResult(archived, deleted)
         telemetry.emit(
             "pruner.prune",
-            {"duration": time.monotonic() - started, "archived": archived, "deleted": deleted},
+            {
+                "duration": self.clock.monotonic() - started,
+                "archived": archived,
+                "deleted": deleted,
+            },
             {"node": self.node},
         )
         return result

@@ -37,8 +37,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from shigoto import telemetry
 from shigoto._service import Service
+from shigoto.clock import SYSTEM, Clock, database_now
 from shigoto.db import statements
-from shigoto.job import JOB_COLUMNS, Job
+from shigoto.job import Job
 from shigoto.worker import DEFAULT_MAX_ATTEMPTS
 
 if TYPE_CHECKING:
@@ -47,75 +48,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("shigoto.rescuer")
 
 RESCUE_BATCH = 1000
-#: NOTIFY channel naming rescued jobs whose `on_discard` is still to be called ("<schema>.<id>").
-DISCARD_CHANNEL = "shigoto_discard"
-PENDING = "on_discard_pending"
+DISCARD_CHANNEL = statements.DISCARD_CHANNEL
+PENDING = statements.ON_DISCARD_PENDING
 #: Seconds a job without a timeout of its own (it leaves it to its worker, which the leader may
 #: not know) may execute before it is rescued although its node lives. Above the workers'
 #: default timeout; raise it (`Runner(stuck_after=...)`) for workers with longer timeouts
 #: that are enqueued by name without one.
 STUCK_AFTER = 3600.0
-
-# One statement finds, decides and moves the stale jobs. `dead` tells the two kinds apart for
-# the error entry; the next state comes from the row alone (see the module docstring).
-_RESCUE = """
-WITH stale AS (
-    SELECT j.id, (n.id IS NULL OR n.last_seen_at < now() - make_interval(secs => %(after)s))
-                 AS dead
-    FROM {jobs} AS j LEFT JOIN {nodes} AS n ON n.id = j.attempted_by
-    WHERE j.state = 'executing'
-      AND j.attempted_at < now() - make_interval(secs => %(after)s)
-      AND (n.id IS NULL OR n.last_seen_at < now() - make_interval(secs => %(after)s)
-           OR j.attempted_at < now() - make_interval(
-                  secs => coalesce(j.timeout + %(after)s, %(stuck_after)s)))
-    ORDER BY j.id
-    LIMIT %(limit)s
-    FOR UPDATE OF j SKIP LOCKED
-), decided AS (
-    SELECT j.id, s.dead,
-           CASE WHEN j.attempt >= coalesce(j.max_attempts, %(default_max)s)
-                THEN 'discarded' ELSE 'available' END AS state
-    FROM {jobs} AS j JOIN stale AS s ON s.id = j.id
-)
-UPDATE {jobs} AS j
-SET state = d.state,
-    scheduled_at = now(),
-    finished_at = CASE WHEN d.state = 'discarded' THEN now() END,
-    meta = CASE WHEN d.state = 'discarded'
-                THEN j.meta || jsonb_build_object('on_discard_pending', true) ELSE j.meta END,
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', j.attempt, 'at', now(), 'traceback', '',
-        'error', 'rescued from node ' || coalesce(j.attempted_by, '?') || CASE WHEN d.dead
-            THEN ': it stopped heartbeating while executing this job'
-            ELSE ': executing for longer than its timeout plus rescue_after (or stuck_after '
-                 || 'without a timeout of its own), while the node lives' END))
-FROM decided AS d
-WHERE j.id = d.id
-RETURNING j.id, j.queue, j.state, j.attempted_by, d.dead
-"""
-
-_FORGET_NODES = """
-DELETE FROM {nodes} WHERE last_seen_at < now() - make_interval(secs => %(after)s)
-RETURNING id
-"""
-
-_PENDING_WORKERS = """
-SELECT id, worker FROM {jobs}
-WHERE id = ANY(%(ids)s) AND state = 'discarded' AND meta ? 'on_discard_pending'
-"""
-
-# Removing the mark is the claim: of all runners trying, exactly one gets the row back.
-_TAKE_PENDING = f"""
-UPDATE {{jobs}} SET meta = meta - 'on_discard_pending'
-WHERE id = ANY(%(ids)s) AND state = 'discarded' AND meta ? 'on_discard_pending'
-RETURNING {", ".join(JOB_COLUMNS)}
-"""
-
-_NOTIFY_DISCARDS = f"""
-SELECT pg_notify('{DISCARD_CHANNEL}', {{schema_name}} || '.' || id)
-FROM unnest(%(ids)s::bigint[]) AS id
-"""
-
 
 class Rescuer(Service):
     name = "rescuer"
@@ -131,19 +70,19 @@ class Rescuer(Service):
         interval: float,
         stuck_after: float = STUCK_AFTER,
         on_discard: Callable[[list[int]], Awaitable[None]] | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
-        super().__init__(interval)
+        # leader-only: the base checks `is_leader` before every tick
+        super().__init__(interval, is_leader, clock=clock)
         self.pool = pool
         self.schema = schema
+        self.stmts = statements.statements(schema)
         self.node = node
-        self.is_leader = is_leader
         self.rescue_after = rescue_after
         self.stuck_after = stuck_after
         self.on_discard = on_discard
 
     async def run_once(self) -> list[dict[str, Any]]:
-        if not self.is_leader():
-            return []
         rescued = await self._rescue()
         await self.forget_nodes()
         discarded = [r["id"] for r in rescued if r["state"] == "discarded"]
@@ -155,7 +94,8 @@ class Rescuer(Service):
         """Remove the rows of nodes silent past `rescue_after`: they are dead."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                statements.compose(_FORGET_NODES, self.schema), {"after": self.rescue_after}
+                self.stmts.forget_nodes,
+                {"after": self.rescue_after, "now": database_now(self.clock)},
             )
             gone = [r[0] for r in await cur.fetchall()]
         if gone:
@@ -165,17 +105,17 @@ class Rescuer(Service):
 
     async def _rescue(self) -> list[dict[str, Any]]:
         params = {"after": self.rescue_after, "stuck_after": self.stuck_after,
-                  "default_max": DEFAULT_MAX_ATTEMPTS, "limit": RESCUE_BATCH}  # fmt: skip
+                  "default_max": DEFAULT_MAX_ATTEMPTS, "limit": RESCUE_BATCH,
+                  "now": database_now(self.clock)}  # fmt: skip
         async with self.pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(statements.compose(_RESCUE, self.schema), params)
+            cur = await conn.execute(self.stmts.rescue, params)
             rows = await cur.fetchall()
             if not rows:
                 return []
             rescued = [{"id": r[0], "queue": r[1], "state": r[2]} for r in rows]
             queues = sorted({r["queue"] for r in rescued if r["state"] == "available"})
             if queues:
-                notify = statements.statements(self.schema).notify_queues
-                await conn.execute(notify, {"queues": queues})
+                await conn.execute(self.stmts.notify_queues, {"queues": queues})
         ids = [r[0] for r in rows]
         dead = sorted({r[3] for r in rows if r[4]})
         stuck = sorted({r[3] for r in rows if not r[4]})
@@ -200,20 +140,21 @@ async def call_pending_discards(
     `DISCARD_CHANNEL`, for a runner that has it (a runner answering an announcement does not
     announce again). Returns the ids whose callback was called here.
     """
+    stmts = statements.statements(schema)
     async with pool.connection() as conn:
-        cur = await conn.execute(statements.compose(_PENDING_WORKERS, schema), {"ids": ids})
+        cur = await conn.execute(stmts.pending_workers, {"ids": ids})
         pending = await cur.fetchall()
     mine, elsewhere = [], []
     for job_id, worker in pending:
         (mine if _resolves(executor, worker) else elsewhere).append(job_id)
     if elsewhere and announce:
         async with pool.connection() as conn:
-            await conn.execute(statements.compose(_NOTIFY_DISCARDS, schema), {"ids": elsewhere})
+            await conn.execute(stmts.notify_discards, {"ids": elsewhere})
     if not mine:
         return []
     async with pool.connection() as conn:
         cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(statements.compose(_TAKE_PENDING, schema), {"ids": mine})
+        await cur.execute(stmts.take_pending, {"ids": mine})
         taken = [Job.from_row(row) for row in await cur.fetchall()]
     for job in taken:
         await executor.on_discard(job, executor.resolve(job.worker), job.errors)

@@ -27,7 +27,9 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
 from shigoto import config
+from shigoto._service import Service
 from shigoto.client.queue_settings import QueueSetting, QueueSettingsWatcher, write_limits
+from shigoto.clock import SYSTEM, Clock
 from shigoto.cron.scheduler import CronScheduler, Schedule
 from shigoto.cron.scheduler import store as store_schedules
 from shigoto.db import statements
@@ -44,7 +46,14 @@ from shigoto.runtime.executor import (
     JobExecutor,
     Undecodable,
 )
-from shigoto.runtime.limiter import Limiter, count_busy, limited_claim, lock_scope, scope_key
+from shigoto.runtime.limiter import Limiter, count_busy, lock_scope, scope_key
+from shigoto.runtime.middleware import (
+    GlobalLimits,
+    PrepareWorker,
+    ProgressWriter,
+    StuckThreadsGuard,
+    chain,
+)
 from shigoto.runtime.node import Heartbeat, new_node_id
 from shigoto.runtime.notifier import Notifier
 from shigoto.runtime.producer import Producer
@@ -52,7 +61,7 @@ from shigoto.runtime.pruner import Pruner
 from shigoto.runtime.rescuer import STUCK_AFTER, Rescuer
 from shigoto.runtime.stager import Stager
 from shigoto.runtime.threads import Threads
-from shigoto.worker import WorkerResolver, registered
+from shigoto.worker import WorkerResolver
 
 log = logging.getLogger("shigoto.runner")
 
@@ -106,7 +115,12 @@ class Runner:
     the queues' concurrency). `callback_timeout`: seconds a worker's `backoff` or `on_discard`
     may take. `traceback_level`: the log level of failed jobs' tracebacks. `stuck_after`:
     seconds a job without a timeout of its own may execute before the leader rescues it even
-    though its node lives (see `shigoto.runtime.rescuer`).
+    though its node lives (see `shigoto.runtime.rescuer`). `clock`: the time every service
+    reads (see `shigoto.clock`; tests pass a `ManualClock`).
+
+    Each claimed job goes through the execution middleware chain (`shigoto.runtime.middleware`:
+    worker resolution, global limits, the stuck-thread count, the progress writer) to the
+    executor, and its outcome to the completer.
     """
 
     def __init__(
@@ -126,6 +140,7 @@ class Runner:
         callback_timeout: float = CALLBACK_TIMEOUT,
         stuck_after: float = STUCK_AFTER,
         traceback_level: int = logging.DEBUG,
+        clock: Clock = SYSTEM,
         **overrides: Any,
     ) -> None:
         self.url = config.database_url(database_url)
@@ -153,22 +168,25 @@ class Runner:
         self.auto_migrate = auto_migrate
         self.cron_schedules = list(cron_schedules)
         self.cron = cron or bool(self.cron_schedules)
-        self.elector = Elector(self.url, self.schema)
+        self.clock = clock
+        self.elector = Elector(self.url, self.schema, clock=clock)
         self.global_concurrency = dict(global_concurrency or {})
-        self.limiter = Limiter(self.url, self.schema, self.node)
+        self.limiter = Limiter(self.url, self.schema, self.node, clock=clock)
         self.stmts = statements.statements(self.schema)
+        self.limits = GlobalLimits(lambda: self._pool, self.stmts, self.node,
+                                   self._queue_limited)  # fmt: skip
+        self.progress = ProgressWriter(lambda: self._pool, self.stmts)
         self.ready = asyncio.Event()
         self.producers: dict[str, Producer] = {}
         self._stop = asyncio.Event()
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._services: dict[str, Service] = {}
         self._producer_tasks: dict[str, asyncio.Task[None]] = {}
         self._pool: AsyncConnectionPool | None = None
         self._threads: Threads | None = None
         self._callbacks: Threads | None = None
         self._completer: Completer | None = None
         self._executor: JobExecutor | None = None
-        self._progress: dict[int, int] = {}  # newest reported percent not yet written, by job
-        self._progress_writers: dict[int, asyncio.Task[None]] = {}
+        self._execute_chain: Any = None
         self._notifying: set[asyncio.Future[None]] = set()
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -222,30 +240,37 @@ class Runner:
         # Sync performs never wait for a thread (see runtime.threads); callbacks have their own.
         self._threads = Threads("shigoto-worker")
         self._callbacks = Threads("shigoto-callback", max_threads=CALLBACK_THREADS)
-        self._completer = Completer(pool, self.stmts, self.node, on_flush=self._acknowledged)
+        self._completer = Completer(pool, self.stmts, self.node,
+                                    on_flush=self.limits.acknowledged)  # fmt: skip
         # Workers come from the registry (or allowed prefixes), never from job rows alone.
         self._resolver = WorkerResolver(config.worker_prefixes(s.worker_prefixes))
         self._executor = JobExecutor(
             node=self.node, resolve=self._resolver, threads=self._threads,
-            progress=self._report_progress,
+            progress=self.progress.report,
             callbacks=self._callbacks, callback_timeout=self.callback_timeout,
             traceback_level=self.traceback_level,
         )  # fmt: skip
+        self._execute_chain = chain(
+            [PrepareWorker(self._resolver), self.limits, StuckThreadsGuard(self._check_stuck),
+             self.progress],
+            self._run_job,
+        )  # fmt: skip
         heartbeat = Heartbeat(pool, self.stmts, self.node, lambda: dict(self.queues),
-                              s.heartbeat_interval)  # fmt: skip
+                              s.heartbeat_interval, clock=self.clock)  # fmt: skip
         await heartbeat.run_once()
         channels = [statements.INSERT_CHANNEL, statements.CANCEL_CHANNEL, rescuer.DISCARD_CHANNEL]
         notifier = Notifier(self.url, channels, self._dispatch)
         self.elector.interval = s.leader_interval
         leader = self._leads
-        services: dict[str, Any] = {
-            "stager": Stager(pool, self.stmts, self.node, s.stage_interval),
+        services: dict[str, Service] = {
+            "stager": Stager(pool, self.stmts, self.node, s.stage_interval, clock=self.clock),
             "pruner": Pruner(pool, self.stmts, self.node, interval=s.prune_interval,
                              prune_after=s.prune_after, archive_retention=s.archive_retention,
-                             is_leader=leader),
+                             is_leader=leader, clock=self.clock),
             "rescuer": Rescuer(pool, self.schema, self.node, is_leader=leader,
                                rescue_after=s.effective_rescue_after, interval=s.rescue_interval,
-                               stuck_after=self.stuck_after, on_discard=self._pending_discards),
+                               stuck_after=self.stuck_after, on_discard=self._pending_discards,
+                               clock=self.clock),
             "heartbeat": heartbeat,
             "queue-settings": QueueSettingsWatcher(
                 pool, self.schema, lambda: list(self.producers), self._apply_settings,
@@ -256,13 +281,13 @@ class Runner:
             services["cron"] = CronScheduler(
                 pool, self.schema, is_leader=leader, interval=s.cron_interval
             )
-        self._tasks["elector"] = asyncio.create_task(self.elector.run())
-        # Proves this runner alive to every runner's limit counts until the very end.
-        self._tasks["limiter"] = asyncio.create_task(self.limiter.run())
-        self._tasks["completer"] = asyncio.create_task(self._completer.run())
-        self._tasks["notifier"] = asyncio.create_task(notifier.run())
-        for name, service in services.items():
-            self._tasks[name] = asyncio.create_task(service.run())
+        # Every service alike: the elector, the limiter (proves this runner alive to every
+        # runner's limit counts until the very end), the completer, the notifier, then the
+        # maintenance services.
+        self._services = {"elector": self.elector, "limiter": self.limiter,
+                          "completer": self._completer, "notifier": notifier, **services}
+        for service in self._services.values():
+            service.start()
         for queue, concurrency in self.queues.items():
             self._start_producer(queue, concurrency)
         try:
@@ -276,7 +301,7 @@ class Runner:
         await self._shutdown(services, notifier, heartbeat)
 
     async def _shutdown(
-        self, services: dict[str, Any], notifier: Notifier, heartbeat: Heartbeat
+        self, services: dict[str, Service], notifier: Notifier, heartbeat: Heartbeat
     ) -> None:
         log.info("runner %s stopping: no new claims, waiting up to %.0fs for %d jobs",
                  self.node, self.settings.shutdown_timeout, self.executing_count)  # fmt: skip
@@ -294,24 +319,26 @@ class Runner:
         if not await self._completer.drain(timeout=10):
             log.error("%d completions could not be recorded before exit; those jobs stay "
                       "executing until rescued", self._completer.backlog)  # fmt: skip
-        await notifier.stop()
-        await self.elector.stop()
+        notifier.stop()  # not awaited: its session ends within a second, or is cancelled below
+        await self.elector.stop()  # resigns: another runner leads at once
         await self._stop_heartbeat(heartbeat)
         try:
             await heartbeat.unregister()
         except Exception as exc:
             log.warning("could not unregister node %s: %s", self.node, exc)
-        for task in self._tasks.values():
+        tasks = [t for service in self._services.values() if (t := service.task) is not None]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-        self._tasks.clear()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._services.clear()
         log.info("runner %s stopped", self.node)
 
     async def _stop_heartbeat(self, heartbeat: Heartbeat) -> None:
         """Stop beating, and wait for a beat in flight: one landing after the unregister
         would bring the node's row back."""
         heartbeat.stop()
-        task = self._tasks.pop("heartbeat", None)
+        self._services.pop("heartbeat", None)
+        task = heartbeat.task
         if task is not None:
             _, pending = await asyncio.wait([task], timeout=10)
             for late in pending:
@@ -422,7 +449,7 @@ class Runner:
         )  # fmt: skip
         producer.global_limit = self.global_concurrency.get(queue)
         self.producers[queue] = producer
-        self._producer_tasks[queue] = asyncio.create_task(producer.run(), name=f"producer-{queue}")
+        self._producer_tasks[queue] = producer.start()
         producer.wake()
 
     # -- the job path ---------------------------------------------------------------------
@@ -434,14 +461,16 @@ class Runner:
         producer = self.producers.get(queue)
         global_limit = producer.global_limit if producer is not None else None
         async with self._pool.connection() as conn:
-            saturated = await self._saturated_workers(conn)
+            saturated = await self.limits.saturated(conn)
             if saturated:
                 statement = self.stmts.claim_excluding
                 params["exclude"] = saturated
             if global_limit is None:
                 jobs = await self._claim_rows(conn, statement, params)
             else:
-                jobs = await self._claim_limited(conn, statement, params, global_limit)
+                limited = (self.stmts.claim_excluding_limited if saturated
+                           else self.stmts.claim_limited)  # fmt: skip
+                jobs = await self._claim_limited(conn, limited, params, global_limit)
         jobs.sort(key=lambda j: (-j.priority, j.scheduled_at, j.id))
         return jobs
 
@@ -458,81 +487,28 @@ class Runner:
         under the queue's transaction lock (see `shigoto.runtime.limiter`)."""
         queue = params["queue"]
         async with conn.transaction():
-            await lock_scope(conn, scope_key(self.schema, "queue", queue))
+            await lock_scope(conn, self.schema, scope_key(self.schema, "queue", queue))
             busy = (await count_busy(conn, self.schema, "queue", [queue])).get(queue, 0)
             room = global_limit - busy
             if room <= 0:
                 return []
-            return await self._claim_rows(
-                conn, limited_claim(statement), {**params, "room": room}
-            )
-
-    def _worker_limits(self) -> dict[str, int]:
-        """Global limits of the workers this process knows (others cannot be resolved here)."""
-        return {name: w.global_concurrency for name, w in registered().items()
-                if w.global_concurrency}  # fmt: skip
-
-    async def _saturated_workers(self, conn: Any) -> list[str]:
-        """Limited workers whose every slot is taken somewhere; their jobs are not claimed."""
-        limits = self._worker_limits()
-        if not limits:
-            return []
-        busy = await count_busy(conn, self.schema, "worker", list(limits))
-        return sorted(name for name, limit in limits.items() if busy.get(name, 0) >= limit)
+            return await self._claim_rows(conn, statement, {**params, "room": room})
 
     async def _execute(self, job: Job) -> None:
-        await self._resolver.prepare(job.worker)  # an allowed lazy import: on a thread
-        limit = self._worker_limits().get(job.worker)
-        if limit is not None and not await self._admit(job, limit):
-            return
-        await self._execute_unlimited(job)
+        """Run one claimed job through the execution middleware chain."""
+        await self._execute_chain(job)
 
-    async def _admit(self, job: Job, limit: int) -> bool:
-        """Whether `job` (claimed, so counted) fits its worker's global limit; if not, it is
-        handed back untouched (attempt not consumed) in the same transaction."""
-        assert self._pool is not None
-        async with self._pool.connection() as conn, conn.transaction():
-            await lock_scope(conn, scope_key(self.schema, "worker", job.worker))
-            busy = await count_busy(conn, self.schema, "worker", [job.worker])
-            if busy.get(job.worker, 0) <= limit:
-                return True
-            await conn.execute(self.stmts.put_back, {"ids": [job.id], "node": self.node})
-        return False
-
-    def _acknowledged(self, batch: list[Completion]) -> None:
-        """Outcomes were written: jobs of limited queues and workers stopped counting, so wake
-        every runner of those queues, this one included, through NOTIFY. Waking only this one
-        would let it take every freed slot before the others even hear of it."""
-        limits = self._worker_limits()
-        queues = sorted({
-            c.job.queue for c in batch
-            if c.job.worker in limits or self._queue_limited(c.job.queue)
-        })  # fmt: skip
-        if queues:
-            task = asyncio.ensure_future(self._notify(queues))
-            self._notifying.add(task)
-            task.add_done_callback(self._notifying.discard)
+    async def _run_job(self, job: Job) -> Completion:
+        """The chain's end: execute, and hand the outcome to the completer without waiting.
+        The completion carries the last reported progress itself."""
+        assert self._executor is not None and self._completer is not None
+        completion = await self._executor.execute(job)
+        self._completer.submit(completion)
+        return completion
 
     def _queue_limited(self, queue: str) -> bool:
         producer = self.producers.get(queue)
         return producer is not None and producer.global_limit is not None
-
-    async def _notify(self, queues: list[str]) -> None:
-        assert self._pool is not None
-        try:
-            async with self._pool.connection() as conn:
-                await conn.execute(self.stmts.notify_queues, {"queues": queues})
-        except Exception as exc:  # the producers' poll picks the room up anyway
-            log.debug("could not notify queues %s: %s", queues, exc)
-
-    async def _execute_unlimited(self, job: Job) -> None:
-        assert self._executor is not None and self._completer is not None
-        # The completion carries the last reported progress itself, so no progress write that
-        # is still on its way needs waiting for (one landing late is refused by its guard).
-        try:
-            self._completer.submit(await self._executor.execute(job))
-        finally:
-            self._check_stuck()
 
     @property
     def stuck_threads(self) -> int:
@@ -561,29 +537,6 @@ class Runner:
         await rescuer.call_pending_discards(
             self._pool, self.schema, ids, self._executor, announce=announce
         )
-
-    def _report_progress(self, job: Job, percent: int) -> None:
-        # One writer per job, always sending the newest value: reports land in order and a
-        # burst of them costs one write per round trip, not one each.
-        self._progress[job.id] = percent
-        if job.id not in self._progress_writers:
-            self._progress_writers[job.id] = asyncio.create_task(self._write_progress(job))
-
-    async def _write_progress(self, job: Job) -> None:
-        assert self._pool is not None
-        try:
-            while job.id in self._progress:
-                percent = self._progress.pop(job.id)
-                async with self._pool.connection() as conn:
-                    await conn.execute(
-                        self.stmts.progress,
-                        {"id": job.id, "attempt": job.attempt, "progress": percent},
-                    )
-        except Exception as exc:
-            self._progress.pop(job.id, None)
-            log.warning("could not record progress of job %s: %s", job.id, exc)
-        finally:
-            self._progress_writers.pop(job.id, None)
 
     def _dispatch(self, channel: str, payload: str) -> None:
         schema, _, rest = payload.partition(".")
@@ -619,8 +572,7 @@ class Runner:
         assert self._pool is not None
         try:
             async with self._pool.connection() as conn:
-                query = statements.compose(_JOB_STATE, self.schema)
-                cur = await conn.execute(query, {"id": job_id})
+                cur = await conn.execute(self.stmts.job_state, {"id": job_id})
                 found = await cur.fetchone()
         except Exception as exc:  # the job runs on; its completion is guarded anyway
             log.warning("could not check the cancel of job %s: %s", job_id, exc)
@@ -642,10 +594,6 @@ class Runner:
     @property
     def executing_count(self) -> int:
         return sum(len(p.running) for p in self.producers.values())
-
-
-#: The state of one job, read before acting on a cancel notification.
-_JOB_STATE = "SELECT state FROM {jobs} WHERE id = %(id)s"
 
 
 def _log_failed_discard(task: asyncio.Future[None]) -> None:

@@ -1,0 +1,227 @@
+"""The execution middleware chain: what wraps each claimed job on its way to the executor.
+
+A middleware is `async def __call__(job, call_next) -> Completion | None`. It may act before and
+after `await call_next(job)`, or not call it at all (short-circuit). The chain ends in the
+runner's terminal step, which runs the job through the executor and hands its `Completion` to
+the completer; that completion comes back up the chain. `None` means the job produced no
+outcome here (handed back to the queue untouched, as a saturated worker limit does).
+
+The runner's own concerns are middlewares, outermost first:
+
+- `PrepareWorker`: an allowed lazy import of the worker's module, on a thread;
+- `GlobalLimits`: a worker's global concurrency limit admits the job or hands it back (it also
+  tells the claim which workers are saturated, and wakes limited queues once outcomes are
+  written, since a job counts against its limits until then);
+- `StuckThreadsGuard`: after each job, counts sync performs that outlived their deadline;
+- `ProgressWriter`: writes `current_job().progress(...)` reports in the background, one
+  writer per job, always the newest value.
+
+Extension point (user middleware, a later issue): user middlewares, global (runner-wide) and
+per worker, sync or async, go between these and the terminal step, through `chain()`. They run
+inside the executor's outcome mapping so that, as for a perform, raising `Snooze`, `Cancel` or
+`Discard` short-circuits with that outcome, and any other exception counts as the job's failure
+(retried with backoff, discarded after its last attempt). A sync middleware runs on the job's
+thread. Internal middlewares never raise for a job: they short-circuit with `None` or pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from shigoto.db import statements
+from shigoto.job import Job
+from shigoto.runtime.executor import Completion
+from shigoto.runtime.limiter import count_busy, lock_scope, scope_key
+from shigoto.worker import WorkerResolver, registered
+
+log = logging.getLogger("shigoto.runner")
+
+#: The rest of the chain, as seen by one middleware.
+Next = Callable[[Job], Awaitable[Completion | None]]
+
+
+class Middleware(Protocol):
+    async def __call__(self, job: Job, call_next: Next) -> Completion | None: ...
+
+
+def chain(middlewares: Sequence[Middleware], terminal: Next) -> Next:
+    """Compose `middlewares` (outermost first) around `terminal`."""
+    handler = terminal
+    for middleware in reversed(middlewares):
+        handler = _link(middleware, handler)
+    return handler
+
+
+def _link(middleware: Middleware, call_next: Next) -> Next:
+    async def step(job: Job) -> Completion | None:
+        return await middleware(job, call_next)
+
+    return step
+
+
+class PrepareWorker:
+    """Resolve the job's worker before it runs: a lazy import (allowed prefixes only) happens
+    on a thread, never on the event loop."""
+
+    def __init__(self, resolver: WorkerResolver) -> None:
+        self.resolver = resolver
+
+    async def __call__(self, job: Job, call_next: Next) -> Completion | None:
+        await self.resolver.prepare(job.worker)
+        return await call_next(job)
+
+
+class GlobalLimits:
+    """Global concurrency limits of workers (and the wake-ups of limited queues).
+
+    A job of a worker with a global limit runs only if, counted under the limit's transaction
+    lock, it fits; otherwise it is handed back untouched (attempt not consumed) in the same
+    transaction and the chain ends with `None`. Queue limits are applied by the claim itself
+    (see `shigoto.runtime.limiter`).
+    """
+
+    def __init__(
+        self,
+        pool: Callable[[], AsyncConnectionPool | None],
+        stmts: statements.Statements,
+        node: str,
+        queue_limited: Callable[[str], bool],
+    ) -> None:
+        self._pool = pool
+        self.stmts = stmts
+        self.schema = stmts.schema
+        self.node = node
+        self.queue_limited = queue_limited
+        self._notifying: set[asyncio.Future[None]] = set()
+
+    @staticmethod
+    def worker_limits() -> dict[str, int]:
+        """Global limits of the workers this process knows (others cannot be resolved here)."""
+        return {name: w.global_concurrency for name, w in registered().items()
+                if w.global_concurrency}  # fmt: skip
+
+    async def __call__(self, job: Job, call_next: Next) -> Completion | None:
+        limit = self.worker_limits().get(job.worker)
+        if limit is not None and not await self._admit(job, limit):
+            return None
+        return await call_next(job)
+
+    @property
+    def pool(self) -> AsyncConnectionPool:
+        pool = self._pool()
+        assert pool is not None, "the runner is not running"
+        return pool
+
+    async def _admit(self, job: Job, limit: int) -> bool:
+        """Whether `job` (claimed, so counted) fits its worker's global limit; if not, it is
+        handed back untouched (attempt not consumed) in the same transaction."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await lock_scope(conn, self.schema, scope_key(self.schema, "worker", job.worker))
+            busy = await count_busy(conn, self.schema, "worker", [job.worker])
+            if busy.get(job.worker, 0) <= limit:
+                return True
+            await conn.execute(self.stmts.put_back, {"ids": [job.id], "node": self.node})
+        return False
+
+    async def saturated(self, conn: psycopg.AsyncConnection[Any]) -> list[str]:
+        """Limited workers whose every slot is taken somewhere; the claim leaves their jobs."""
+        limits = self.worker_limits()
+        if not limits:
+            return []
+        busy = await count_busy(conn, self.schema, "worker", list(limits))
+        return sorted(name for name, limit in limits.items() if busy.get(name, 0) >= limit)
+
+    def acknowledged(self, batch: Iterable[Completion]) -> None:
+        """Outcomes were written: jobs of limited queues and workers stopped counting, so wake
+        every runner of those queues, this one included, through NOTIFY. Waking only this one
+        would let it take every freed slot before the others even hear of it."""
+        limits = self.worker_limits()
+        queues = sorted({
+            c.job.queue for c in batch
+            if c.job.worker in limits or self.queue_limited(c.job.queue)
+        })  # fmt: skip
+        if queues:
+            task = asyncio.ensure_future(self._notify(queues))
+            self._notifying.add(task)
+            task.add_done_callback(self._notifying.discard)
+
+    async def _notify(self, queues: list[str]) -> None:
+        try:
+            async with self.pool.connection() as conn:
+                await conn.execute(self.stmts.notify_queues, {"queues": queues})
+        except Exception as exc:  # the producers' poll picks the room up anyway
+            log.debug("could not notify queues %s: %s", queues, exc)
+
+
+class StuckThreadsGuard:
+    """After each job, let the runner count the threads of sync performs that outlived their
+    deadline (and stop it past its bound)."""
+
+    def __init__(self, check: Callable[[], None]) -> None:
+        self.check = check
+
+    async def __call__(self, job: Job, call_next: Next) -> Completion | None:
+        try:
+            return await call_next(job)
+        finally:
+            self.check()
+
+
+class ProgressWriter:
+    """Writes progress reports in the background: one writer per job, always sending the newest
+    value, so reports land in order and a burst costs one write per round trip.
+
+    The completion carries the last reported progress itself, so no write still on its way is
+    waited for (one landing late is refused by its guard); a value not yet sent when the job
+    ends is dropped for the same reason.
+    """
+
+    def __init__(
+        self, pool: Callable[[], AsyncConnectionPool | None], stmts: statements.Statements
+    ) -> None:
+        self._pool = pool
+        self.stmts = stmts
+        self._progress: dict[int, int] = {}  # newest reported percent not yet written, by job
+        self._writers: dict[int, asyncio.Task[None]] = {}
+
+    async def __call__(self, job: Job, call_next: Next) -> Completion | None:
+        try:
+            return await call_next(job)
+        finally:
+            self._progress.pop(job.id, None)  # the completion carries it
+
+    def report(self, job: Job, percent: int) -> None:
+        """The executor's progress sink (called on the event loop)."""
+        self._progress[job.id] = percent
+        if job.id not in self._writers:
+            self._writers[job.id] = asyncio.create_task(self._write(job))
+
+    async def _write(self, job: Job) -> None:
+        try:
+            while job.id in self._progress:
+                percent = self._progress.pop(job.id)
+                pool = self._pool()
+                if pool is None:
+                    return
+                async with pool.connection() as conn:
+                    await conn.execute(
+                        self.stmts.progress,
+                        {"id": job.id, "attempt": job.attempt, "progress": percent},
+                    )
+        except Exception as exc:
+            self._progress.pop(job.id, None)
+            log.warning("could not record progress of job %s: %s", job.id, exc)
+        finally:
+            self._writers.pop(job.id, None)
+
+
+__all__ = [
+    "GlobalLimits", "Middleware", "Next", "PrepareWorker", "ProgressWriter",
+    "StuckThreadsGuard", "chain",
+]  # fmt: skip

@@ -39,7 +39,10 @@ _OPTIONS = OPTION_NAMES - {"worker", "args"}
 
 @dataclass(frozen=True, slots=True)
 class JobSpec:
-    """A validated job, ready to insert. `args_json` and `meta_json` are already serialised."""
+    """A validated job, ready to insert. `args_json` and `meta_json` are already serialised.
+
+    `unique_key` is not an enqueue option: the cron scheduler sets it (one job per slot), as
+    insert hooks may (`db.inserts`), with `dataclasses.replace`."""
 
     worker: str
     args_json: str
@@ -51,6 +54,7 @@ class JobSpec:
     delay: float = 0.0
     tags: list[str] = field(default_factory=list)
     meta_json: str = "{}"
+    unique_key: str | None = None
 
     def as_params(self) -> dict[str, Any]:
         return {

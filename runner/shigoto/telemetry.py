@@ -16,6 +16,7 @@ subscriber that raises is logged and skipped: telemetry must never break job pro
 | pruner.prune    | duration, archived, deleted      | node                                     |
 | completer.flush | duration, count, acknowledged    | node                                     |
 | completer.error | attempt                          | node, error                              |
+| job.insert      | count, conflicts, duration       | source, schema, queues                   |
 | cron.enqueue    | count                            | name, job_ids                            |
 | rescuer.rescue  | count                            | node, job_ids                            |
 | queue.pause     | (none)                           | queue, schema                            |
@@ -24,6 +25,11 @@ subscriber that raises is logged and skipped: telemetry must never break job pro
 `job.cancel` carries `source: "operator"` when the job was cancelled from outside while it
 executed (`shigoto cancel`, `cancel_by`; the runner checked the row is cancelled first); a
 worker's own `Cancel` outcome has no `source` key.
+
+`job.insert` comes from the one insert path (`db.inserts`) for every enqueue, bulk enqueue and
+cron slot (`source`: `enqueue`, `enqueue_many`, `cron`); `count` is the jobs written,
+`conflicts` the unique keys that already had a job. Inside the caller's transaction it is
+emitted before that transaction commits.
 """
 
 from __future__ import annotations
@@ -36,9 +42,9 @@ from typing import Any
 log = logging.getLogger("shigoto.telemetry")
 
 EVENTS = frozenset({
-    "job.start", "job.stop", "job.exception", "job.discard", "job.snooze", "job.cancel",
-    "producer.claim", "stager.stage", "pruner.prune", "completer.flush", "completer.error",
-    "cron.enqueue", "rescuer.rescue", "queue.pause", "queue.resume",
+    "job.insert", "job.start", "job.stop", "job.exception", "job.discard", "job.snooze",
+    "job.cancel", "producer.claim", "stager.stage", "pruner.prune", "completer.flush",
+    "completer.error", "cron.enqueue", "rescuer.rescue", "queue.pause", "queue.resume",
 })  # fmt: skip
 
 Handler = Callable[[str, dict[str, Any], dict[str, Any]], Any]

@@ -1,115 +1,24 @@
 """Enqueueing: one job or many, sync or async, alone or inside the caller's transaction.
 
-Validation lives in `jobspec` (pure); this module only does I/O, so the sync and async twins
-stay thin copies of each other.
+Validation lives in `jobspec` (pure), the write in `db.inserts` (the one insert path, shared
+with cron). What is left here is choosing the connection, so the sync and async twins are thin
+copies of each other: everything they do besides I/O is in the plain functions they share.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import psycopg
-from psycopg.pq import TransactionStatus
-from psycopg.rows import tuple_row
-from psycopg.types.string import StrBinaryDumper
 
 from shigoto import config, jobspec, signatures
-from shigoto.db import database, statements
+from shigoto.db import database, inserts
 from shigoto.errors import ValidationError
-from shigoto.job import Job, JobState
+from shigoto.job import Job
 from shigoto.jobspec import JobSpec
-
-#: Column types of `copy_jobs`, in order. A binary COPY with fixed types skips the per-value
-#: dumper lookup and text escaping, and is cheaper for the server to parse.
-_COPY_TYPES = (
-    "int8", "text", "text", "jsonb", "text", "int4", "int4", "float8", "timestamptz",
-    "timestamptz", "text[]", "jsonb",
-)  # fmt: skip
-
-
-class _JsonTextDumper(StrBinaryDumper):
-    """JSON text validated and serialised by `jobspec`, in jsonb's binary format (a version
-    byte, then the text), so it is not serialised a second time."""
-
-    oid = psycopg.postgres.types["jsonb"].oid
-
-    def dump(self, obj: str) -> bytes:
-        return b"\x01" + obj.encode(self._encoding)
-
-
-def _prepare_copy(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
-    cur.adapters.register_dumper(None, _JsonTextDumper)  # by oid only: COPY's set_types
-
-
-def _state_and_time(spec: JobSpec, now: datetime) -> tuple[str, datetime]:
-    at = spec.scheduled_at or (now + timedelta(seconds=spec.delay))
-    return ("available" if at <= now else "scheduled"), at
-
-
-def _copy_rows(specs: list[JobSpec], ids: list[int], now: datetime) -> list[tuple[Any, ...]]:
-    rows = []
-    for job_id, spec in zip(ids, specs, strict=True):
-        state, at = _state_and_time(spec, now)
-        rows.append((
-            job_id, spec.queue, spec.worker, spec.args_json, state, spec.priority,
-            spec.max_attempts, spec.timeout, at, now, spec.tags, spec.meta_json,
-        ))  # fmt: skip
-    return rows
-
-
-def _parse(text: str) -> Any:
-    return {} if text == "{}" else json.loads(text)
-
-
-def _job(
-    spec: JobSpec, job_id: int, state: str, scheduled_at: datetime, inserted_at: datetime
-) -> Job:
-    """The job just inserted, from what was sent plus what the database assigned: cheaper
-    than reading the whole row back and parsing its JSON."""
-    return Job(
-        id=job_id, queue=spec.queue, worker=spec.worker, args=_parse(spec.args_json),
-        state=JobState(state), priority=spec.priority, max_attempts=spec.max_attempts,
-        timeout=spec.timeout, scheduled_at=scheduled_at, inserted_at=inserted_at,
-        tags=spec.tags, meta=_parse(spec.meta_json),
-    )  # fmt: skip
-
-
-def _jobs_from_rows(specs: list[JobSpec], rows: list[tuple[Any, ...]]) -> list[Job]:
-    pairs = zip(specs, rows, strict=True)
-    return [_job(spec, row[0], row[4], row[8], row[9]) for spec, row in pairs]
-
-
-def _wake_queues(specs: list[JobSpec], rows: list[tuple[Any, ...]]) -> list[str]:
-    return sorted({row[1] for row in rows if row[4] == "available"})
-
-
-def _caller_commits(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
-    """Whether the caller's transaction, not ours, must make a batch atomic.
-
-    On a non-autocommit connection with no transaction open yet, `conn.transaction()` would
-    BEGIN and COMMIT on its own, committing the caller's work behind its back. There our first
-    statement opens the caller's implicit transaction instead: a failure aborts it, so nothing
-    of the batch can be committed, and the caller decides when to commit.
-    """
-    return not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
-
-
-@contextlib.contextmanager
-def _too_large() -> Iterator[None]:
-    """PostgreSQL's size limits as a ValidationError, like every other input problem."""
-    try:
-        yield
-    except psycopg.errors.ProgramLimitExceeded as exc:
-        raise ValidationError(
-            "args",
-            f"the job is too large for PostgreSQL ({exc.diag.message_primary}); args and meta "
-            f"may be at most {jobspec.MAX_ARGS_BYTES} bytes of JSON each",
-        ) from None
 
 
 class Interceptor(Protocol):
@@ -123,6 +32,23 @@ class Interceptor(Protocol):
 
 #: Set only by `shigoto.testing` (inline and manual modes); None in production.
 interceptor: Interceptor | None = None
+
+
+# -- the logic both twins share ---------------------------------------------------------------
+
+
+def _spec(worker: Any, args: Mapping[str, Any] | None, options: dict[str, Any]) -> JobSpec:
+    """enqueue's arguments as one validated spec."""
+    return jobspec.build(worker, args, **options)
+
+
+def _specs(jobs: Iterable[Mapping[str, Any]]) -> list[JobSpec]:
+    return jobspec.build_many(list(jobs))
+
+
+def _target(schema: str | None, database_url: str | None, conn: Any) -> tuple[str, str | None]:
+    """The schema to write to, and the URL of the pool to borrow from (None with `conn=`)."""
+    return config.schema(schema), None if conn is not None else config.database_url(database_url)
 
 
 # -- sync ----------------------------------------------------------------------------------
@@ -146,26 +72,13 @@ def enqueue(
     **unknown: Any,
 ) -> Job:
     """Insert one job; with `conn=` it joins that connection's open transaction."""
-    spec = jobspec.build(
-        worker, args, queue=queue, priority=priority, max_attempts=max_attempts,
-        timeout=timeout, scheduled_at=scheduled_at, schedule_in=schedule_in, tags=tags,
-        meta=meta, **unknown,
-    )  # fmt: skip
+    spec = _spec(worker, args, dict(
+        queue=queue, priority=priority, max_attempts=max_attempts, timeout=timeout,
+        scheduled_at=scheduled_at, schedule_in=schedule_in, tags=tags, meta=meta, **unknown,
+    ))  # fmt: skip
     if interceptor is not None:
         return interceptor.record([spec])[0]
-    stmts = statements.statements(config.schema(schema))
-    if conn is not None:
-        return _insert_one(conn, stmts, spec)
-    with database.sync_pool(config.database_url(database_url)).connection() as c:
-        return _insert_one(c, stmts, spec)
-
-
-def _insert_one(conn: psycopg.Connection[Any], stmts: statements.Statements, spec: JobSpec) -> Job:
-    with conn.cursor(row_factory=tuple_row) as cur, _too_large():  # any row factory
-        cur.execute(stmts.insert_one, spec.as_params())
-        row = cur.fetchone()
-    assert row is not None
-    return _job(spec, *row[:4])
+    return _write(conn, database_url, schema, [spec], "enqueue")[0]
 
 
 def enqueue_many(
@@ -176,41 +89,27 @@ def enqueue_many(
     schema: str | None = None,
 ) -> list[Job]:
     """Insert many jobs all-or-nothing, in a constant number of round trips (COPY)."""
-    specs = jobspec.build_many(list(jobs))
+    specs = _specs(jobs)
     if not specs:
         return []
     if interceptor is not None:
         return interceptor.record(specs)
-    stmts = statements.statements(config.schema(schema))
-    if conn is not None:
-        if _caller_commits(conn):
-            return _insert_many(conn, stmts, specs)
-        with conn.transaction():  # a savepoint inside the caller's transaction, else our own
-            return _insert_many(conn, stmts, specs)
-    with database.sync_pool(config.database_url(database_url)).connection() as c, c.transaction():
-        return _insert_many(c, stmts, specs)
+    return _write(conn, database_url, schema, specs, "enqueue_many")
 
 
-def _insert_many(
-    conn: psycopg.Connection[Any], stmts: statements.Statements, specs: list[JobSpec]
+def _write(
+    conn: psycopg.Connection[Any] | None,
+    database_url: str | None,
+    schema: str | None,
+    specs: list[JobSpec],
+    source: inserts.Source,
 ) -> list[Job]:
-    with conn.cursor() as cur:
-        cur.execute(stmts.reserve_ids, {"count": len(specs)})
-        reserved = cur.fetchone()
-        assert reserved is not None
-        now, ids = reserved
-        rows = _copy_rows(specs, ids, now)
-        _prepare_copy(cur)
-        with cur.copy(stmts.copy_jobs) as copy:
-            copy.set_types(_COPY_TYPES)
-            for row in rows:
-                copy.write_row(row)
-            # Built while the server is still digesting the rows sent so far.
-            jobs = _jobs_from_rows(specs, rows)
-        wake = _wake_queues(specs, rows)
-        if wake:
-            cur.execute(stmts.notify_queues, {"queues": wake})
-    return jobs
+    name, url = _target(schema, database_url, conn)
+    if conn is not None:
+        return inserts.insert(conn, specs, schema=name, source=source).jobs
+    assert url is not None
+    with database.sync_pool(url).connection() as c:
+        return inserts.insert(c, specs, schema=name, source=source).jobs
 
 
 # -- async ---------------------------------------------------------------------------------
@@ -234,30 +133,13 @@ async def aenqueue(
     **unknown: Any,
 ) -> Job:
     """`enqueue` for asyncio; `conn=` takes a psycopg AsyncConnection."""
-    spec = jobspec.build(
-        worker, args, queue=queue, priority=priority, max_attempts=max_attempts,
-        timeout=timeout, scheduled_at=scheduled_at, schedule_in=schedule_in, tags=tags,
-        meta=meta, **unknown,
-    )  # fmt: skip
+    spec = _spec(worker, args, dict(
+        queue=queue, priority=priority, max_attempts=max_attempts, timeout=timeout,
+        scheduled_at=scheduled_at, schedule_in=schedule_in, tags=tags, meta=meta, **unknown,
+    ))  # fmt: skip
     if interceptor is not None:
         return (await interceptor.arecord([spec]))[0]
-    stmts = statements.statements(config.schema(schema))
-    if conn is not None:
-        return await _ainsert_one(conn, stmts, spec)
-    pool = await database.async_pool(config.database_url(database_url))
-    async with pool.connection() as c:
-        return await _ainsert_one(c, stmts, spec)
-
-
-async def _ainsert_one(
-    conn: psycopg.AsyncConnection[Any], stmts: statements.Statements, spec: JobSpec
-) -> Job:
-    async with conn.cursor(row_factory=tuple_row) as cur:  # whatever the caller's row factory
-        with _too_large():
-            await cur.execute(stmts.insert_one, spec.as_params())
-        row = await cur.fetchone()
-    assert row is not None
-    return _job(spec, *row[:4])
+    return (await _awrite(conn, database_url, schema, [spec], "enqueue"))[0]
 
 
 async def aenqueue_many(
@@ -268,42 +150,28 @@ async def aenqueue_many(
     schema: str | None = None,
 ) -> list[Job]:
     """`enqueue_many` for asyncio."""
-    specs = jobspec.build_many(list(jobs))
+    specs = _specs(jobs)
     if not specs:
         return []
     if interceptor is not None:
         return await interceptor.arecord(specs)
-    stmts = statements.statements(config.schema(schema))
-    if conn is not None:
-        if _caller_commits(conn):
-            return await _ainsert_many(conn, stmts, specs)
-        async with conn.transaction():  # a savepoint inside the caller's transaction, else our own
-            return await _ainsert_many(conn, stmts, specs)
-    pool = await database.async_pool(config.database_url(database_url))
-    async with pool.connection() as c, c.transaction():
-        return await _ainsert_many(c, stmts, specs)
+    return await _awrite(conn, database_url, schema, specs, "enqueue_many")
 
 
-async def _ainsert_many(
-    conn: psycopg.AsyncConnection[Any], stmts: statements.Statements, specs: list[JobSpec]
+async def _awrite(
+    conn: psycopg.AsyncConnection[Any] | None,
+    database_url: str | None,
+    schema: str | None,
+    specs: list[JobSpec],
+    source: inserts.Source,
 ) -> list[Job]:
-    async with conn.cursor() as cur:
-        await cur.execute(stmts.reserve_ids, {"count": len(specs)})
-        reserved = await cur.fetchone()
-        assert reserved is not None
-        now, ids = reserved
-        rows = _copy_rows(specs, ids, now)
-        _prepare_copy(cur)
-        async with cur.copy(stmts.copy_jobs) as copy:
-            copy.set_types(_COPY_TYPES)
-            for row in rows:
-                await copy.write_row(row)
-            # Built while the server is still digesting the rows sent so far.
-            jobs = _jobs_from_rows(specs, rows)
-        wake = _wake_queues(specs, rows)
-        if wake:
-            await cur.execute(stmts.notify_queues, {"queues": wake})
-    return jobs
+    name, url = _target(schema, database_url, conn)
+    if conn is not None:
+        return (await inserts.ainsert(conn, specs, schema=name, source=source)).jobs
+    assert url is not None
+    pool = await database.async_pool(url)
+    async with pool.connection() as c:
+        return (await inserts.ainsert(c, specs, schema=name, source=source)).jobs
 
 
 # -- the typed shortcut: `worker.options(...).enqueue(**args)` -------------------------------

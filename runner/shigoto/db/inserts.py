@@ -1,0 +1,461 @@
+"""The one insert path: single, bulk and cron inserts, sync and async.
+
+Every job that reaches `shigoto_jobs` goes through `insert` or `ainsert`: validated specs (a
+`jobspec.JobSpec`, or anything of its shape) and a connection in, `Job`s out. In order:
+
+1. the **insert hooks** (`HOOKS`) see the specs inside the caller's transaction and may
+   transform them; this is where uniqueness, encryption of args and enqueue middleware plug in;
+2. the write, chosen by the specs: one row without a unique key is one `INSERT ... RETURNING`
+   (one round trip, it notifies itself); a batch is a binary COPY of reserved ids; specs that
+   carry a `unique_key` are inserted with `ON CONFLICT DO NOTHING`, and a conflict returns the
+   existing job, with its position listed in `Inserted.conflicts`;
+3. a NOTIFY per queue that got an available job (delivered at commit: a rolled-back insert
+   wakes nobody), then the `job.insert` telemetry event.
+
+The I/O-free steps are plain functions shared by the sync and async twins, so the twins only
+differ in `await`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal, Protocol, TypeVar
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg.rows import tuple_row
+from psycopg.types.string import StrBinaryDumper
+
+from shigoto import telemetry
+from shigoto.db import statements
+from shigoto.errors import ValidationError
+from shigoto.job import JOB_COLUMNS, Job, JobState
+
+#: Who asked for the insert; hooks and the telemetry event see it.
+Source = Literal["enqueue", "enqueue_many", "cron"]
+
+#: Largest args/meta the client accepts; quoted in the error PostgreSQL's own limits turn into.
+#: The same figure as `jobspec.MAX_ARGS_BYTES` (jobspec sits above this layer).
+_MAX_BYTES = 16 * 1024 * 1024
+
+
+class InsertSpec(Protocol):
+    """What the insert path reads from a spec: `jobspec.JobSpec`'s fields. Hooks return specs
+    of the same shape, usually with `dataclasses.replace`."""
+
+    @property
+    def worker(self) -> str: ...
+    @property
+    def args_json(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def max_attempts(self) -> int | None: ...
+    @property
+    def timeout(self) -> float | None: ...
+    @property
+    def scheduled_at(self) -> datetime | None: ...
+    @property
+    def delay(self) -> float: ...
+    @property
+    def tags(self) -> list[str]: ...
+    @property
+    def meta_json(self) -> str: ...
+    @property
+    def unique_key(self) -> str | None: ...
+    def as_params(self) -> dict[str, Any]: ...
+
+
+S = TypeVar("S", bound=InsertSpec)
+
+
+@dataclass(frozen=True, slots=True)
+class InsertContext:
+    """What a hook knows besides the specs. `conn` is the caller's connection (a psycopg
+    `Connection` or `AsyncConnection`), already inside the transaction the jobs join."""
+
+    source: Source
+    schema: str
+    conn: Any
+
+
+class InsertHook(Protocol):
+    """Called with every batch of validated specs before it is written, in the caller's
+    transaction; returns the specs to write (the same, transformed, or a subset). Raising
+    aborts the insert (a `ValidationError` reaches the caller as any other)."""
+
+    def __call__(self, specs: list[Any], context: InsertContext) -> list[Any]: ...
+
+
+#: The registered insert hooks, applied in order. Empty by default: uniqueness, encryption and
+#: enqueue middleware append theirs here (`add_hook`).
+HOOKS: list[InsertHook] = []
+
+
+def add_hook(hook: InsertHook) -> Callable[[], None]:
+    """Register `hook` after the others; returns a function that removes it again."""
+    HOOKS.append(hook)
+
+    def remove() -> None:
+        with contextlib.suppress(ValueError):
+            HOOKS.remove(hook)
+
+    return remove
+
+
+def apply_hooks(specs: list[S], context: InsertContext) -> list[S]:
+    for hook in list(HOOKS):
+        specs = list(hook(specs, context))
+    return specs
+
+
+@dataclass(frozen=True, slots=True)
+class Inserted:
+    """The jobs of one insert, in the order of the specs the hooks returned. `conflicts` holds
+    the positions whose unique key already existed: their job is the existing one."""
+
+    jobs: list[Job]
+    conflicts: frozenset[int] = frozenset()
+
+
+# -- statements that exist only for this path -----------------------------------------------
+
+# Rows with a unique key: the rows are computed by the client exactly as for COPY (reserved
+# ids, the database's clock), sent as parallel arrays in one statement. Tags travel as jsonb
+# because unnest flattens a text[][]. A duplicate key, in the table or earlier in the same
+# batch, is skipped; the caller reads the existing job instead (_EXISTING).
+_INSERT_UNIQUE = """
+WITH ins AS (
+    INSERT INTO {jobs} (id, queue, worker, args, state, priority, max_attempts, timeout,
+                        scheduled_at, inserted_at, tags, meta, unique_key)
+    SELECT r.id, r.queue, r.worker, r.args, r.state, r.priority, r.max_attempts, r.timeout,
+           r.scheduled_at, r.inserted_at, ARRAY(SELECT jsonb_array_elements_text(r.tags)),
+           r.meta, r.unique_key
+    FROM unnest(%(id)s::int8[], %(queue)s::text[], %(worker)s::text[], %(args)s::jsonb[],
+                %(state)s::text[], %(priority)s::int4[], %(max_attempts)s::int4[],
+                %(timeout)s::float8[], %(scheduled_at)s::timestamptz[],
+                %(inserted_at)s::timestamptz[], %(tags)s::jsonb[], %(meta)s::jsonb[],
+                %(unique_key)s::text[]) WITH ORDINALITY
+         AS r(id, queue, worker, args, state, priority, max_attempts, timeout, scheduled_at,
+              inserted_at, tags, meta, unique_key, ord)
+    ORDER BY r.ord
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+    RETURNING id
+)
+SELECT id FROM ins
+"""
+
+_EXISTING = f"""
+SELECT {", ".join(JOB_COLUMNS)} FROM {{jobs}} WHERE unique_key = ANY(%(keys)s::text[])
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class _Statements:
+    insert_unique: str
+    existing: str
+
+
+@functools.cache
+def _own(schema: str) -> _Statements:
+    return _Statements(
+        insert_unique=statements.compose(_INSERT_UNIQUE, schema),
+        existing=statements.compose(_EXISTING, schema),
+    )
+
+
+# -- pure steps shared by the twins ----------------------------------------------------------
+
+#: Column types of `statements.copy_jobs`, in order. A binary COPY with fixed types skips the
+#: per-value dumper lookup and text escaping, and is cheaper for the server to parse.
+_COPY_TYPES = (
+    "int8", "text", "text", "jsonb", "text", "int4", "int4", "float8", "timestamptz",
+    "timestamptz", "text[]", "jsonb",
+)  # fmt: skip
+
+Plan = Literal["one", "copy", "unique"]
+
+
+def plan(specs: Sequence[InsertSpec]) -> Plan:
+    """How to write: unique keys need ON CONFLICT (COPY has none); one plain row is a single
+    INSERT; anything else is a COPY."""
+    if any(s.unique_key is not None for s in specs):
+        return "unique"
+    return "one" if len(specs) == 1 else "copy"
+
+
+class _JsonTextDumper(StrBinaryDumper):
+    """JSON text validated and serialised by `jobspec`, in jsonb's binary format (a version
+    byte, then the text), so it is not serialised a second time."""
+
+    oid = psycopg.postgres.types["jsonb"].oid
+
+    def dump(self, obj: str) -> bytes:
+        return b"\x01" + obj.encode(self._encoding)
+
+
+def _prepare_copy(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
+    cur.adapters.register_dumper(None, _JsonTextDumper)  # by oid only: COPY's set_types
+
+
+def _rows(specs: Sequence[InsertSpec], ids: Sequence[int], now: datetime) -> list[tuple[Any, ...]]:
+    """The rows to write, in `copy_jobs`' column order, timed by the database's `now`."""
+    rows = []
+    for job_id, spec in zip(ids, specs, strict=True):
+        at = spec.scheduled_at or (now + timedelta(seconds=spec.delay))
+        state = "available" if at <= now else "scheduled"
+        rows.append((
+            job_id, spec.queue, spec.worker, spec.args_json, state, spec.priority,
+            spec.max_attempts, spec.timeout, at, now, spec.tags, spec.meta_json,
+        ))  # fmt: skip
+    return rows
+
+
+def _unique_params(specs: Sequence[InsertSpec], rows: list[tuple[Any, ...]]) -> dict[str, Any]:
+    names = ("id", "queue", "worker", "args", "state", "priority", "max_attempts", "timeout",
+             "scheduled_at", "inserted_at", "tags", "meta")  # fmt: skip
+    params: dict[str, Any] = {name: [row[i] for row in rows] for i, name in enumerate(names)}
+    params["tags"] = [json.dumps(tags) for tags in params["tags"]]
+    params["unique_key"] = [spec.unique_key for spec in specs]
+    return params
+
+
+def _parse(text: str) -> Any:
+    return {} if text == "{}" else json.loads(text)
+
+
+def _job(spec: InsertSpec, row: tuple[Any, ...]) -> Job:
+    """The job just inserted, from what was sent plus what the database assigned: cheaper
+    than reading the whole row back and parsing its JSON."""
+    job_id, state, scheduled_at, inserted_at = row[0], row[4], row[8], row[9]
+    return Job(
+        id=job_id, queue=spec.queue, worker=spec.worker, args=_parse(spec.args_json),
+        state=JobState(state), priority=spec.priority, max_attempts=spec.max_attempts,
+        timeout=spec.timeout, scheduled_at=scheduled_at, inserted_at=inserted_at,
+        tags=spec.tags, meta=_parse(spec.meta_json), unique_key=spec.unique_key,
+    )  # fmt: skip
+
+
+def _jobs(specs: Sequence[InsertSpec], rows: list[tuple[Any, ...]]) -> list[Job]:
+    return [_job(spec, row) for spec, row in zip(specs, rows, strict=True)]
+
+
+def _one_row(spec: InsertSpec, returned: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`insert_one`'s (id, state, scheduled_at, inserted_at) as a row in COPY's order."""
+    job_id, state, at, inserted_at = returned[:4]
+    return (
+        job_id, spec.queue, spec.worker, spec.args_json, state, spec.priority,
+        spec.max_attempts, spec.timeout, at, inserted_at, spec.tags, spec.meta_json,
+    )  # fmt: skip
+
+
+def _available_queues(rows: list[tuple[Any, ...]]) -> list[str]:
+    return sorted({row[1] for row in rows if row[4] == "available"})
+
+
+def _with_conflicts(
+    specs: Sequence[InsertSpec],
+    rows: list[tuple[Any, ...]],
+    inserted_ids: set[int],
+    existing: dict[str, Job],
+) -> Inserted:
+    """Inserted jobs and, for a duplicate key, the job that holds it. One that vanished between
+    the two statements (pruned meanwhile) is left out: nothing was inserted for it either."""
+    jobs: list[Job] = []
+    conflicts = set()
+    for spec, row in zip(specs, rows, strict=True):
+        if row[0] in inserted_ids:
+            jobs.append(_job(spec, row))
+        elif spec.unique_key in existing:
+            conflicts.add(len(jobs))
+            jobs.append(existing[spec.unique_key])
+    return Inserted(jobs, frozenset(conflicts))
+
+
+def _missing_keys(
+    specs: Sequence[InsertSpec], rows: list[tuple[Any, ...]], ids: set[int]
+) -> list[str]:
+    return sorted({s.unique_key for s, r in zip(specs, rows, strict=True)
+                   if r[0] not in ids and s.unique_key is not None})  # fmt: skip
+
+
+def _by_key(values: list[tuple[Any, ...]]) -> dict[str, Job]:
+    jobs = map(Job.from_values, values)
+    return {job.unique_key: job for job in jobs if job.unique_key is not None}
+
+
+def _emit(context: InsertContext, result: Inserted, started: float) -> None:
+    new = [job for i, job in enumerate(result.jobs) if i not in result.conflicts]
+    telemetry.emit(
+        "job.insert",
+        {"count": len(new), "conflicts": len(result.conflicts),
+         "duration": time.monotonic() - started},
+        {"source": context.source, "schema": context.schema,
+         "queues": sorted({job.queue for job in new})},
+    )  # fmt: skip
+
+
+def _caller_commits(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the caller's transaction, not ours, must make a batch atomic.
+
+    On a non-autocommit connection with no transaction open yet, `conn.transaction()` would
+    BEGIN and COMMIT on its own, committing the caller's work behind its back. There our first
+    statement opens the caller's implicit transaction instead: a failure aborts it, so nothing
+    of the batch can be committed, and the caller decides when to commit.
+    """
+    return not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+
+
+@contextlib.contextmanager
+def _too_large() -> Iterator[None]:
+    """PostgreSQL's size limits as a ValidationError, like every other input problem."""
+    try:
+        yield
+    except psycopg.errors.ProgramLimitExceeded as exc:
+        raise ValidationError(
+            "args",
+            f"the job is too large for PostgreSQL ({exc.diag.message_primary}); args and meta "
+            f"may be at most {_MAX_BYTES} bytes of JSON each",
+        ) from None
+
+
+# -- sync ------------------------------------------------------------------------------------
+
+
+def insert(
+    conn: psycopg.Connection[Any], specs: Sequence[InsertSpec], *, schema: str, source: Source
+) -> Inserted:
+    """Write validated specs on `conn`, joining its transaction; all or nothing."""
+    started = time.monotonic()
+    context = InsertContext(source, schema, conn)
+    todo = apply_hooks(list(specs), context)
+    if not todo:
+        return Inserted([])
+    how = plan(todo)
+    stmts = statements.statements(schema)
+    with conn.cursor(row_factory=tuple_row) as cur, _too_large():  # whatever the caller's
+        if how == "one":  # one statement: atomic without a transaction of ours
+            cur.execute(stmts.insert_one, todo[0].as_params())  # it notifies itself
+            returned = cur.fetchone()
+            assert returned is not None
+            result = Inserted([_job(todo[0], _one_row(todo[0], returned))])
+        elif _caller_commits(conn):
+            result = _write_many(cur, stmts, todo, how)
+        else:
+            with conn.transaction():  # a savepoint inside the caller's transaction, else ours
+                result = _write_many(cur, stmts, todo, how)
+    _emit(context, result, started)
+    return result
+
+
+def _write_many(
+    cur: psycopg.Cursor[Any], stmts: statements.Statements, specs: list[InsertSpec], how: Plan
+) -> Inserted:
+    cur.execute(stmts.reserve_ids, {"count": len(specs)})
+    reserved = cur.fetchone()
+    assert reserved is not None
+    now, ids = reserved
+    rows = _rows(specs, ids, now)
+    if how == "copy":
+        _prepare_copy(cur)
+        with cur.copy(stmts.copy_jobs) as copy:
+            copy.set_types(_COPY_TYPES)
+            for row in rows:
+                copy.write_row(row)
+            # Built while the server is still digesting the rows sent so far.
+            result = Inserted(_jobs(specs, rows))
+        written = rows
+    else:
+        own = _own(stmts.schema)
+        cur.execute(own.insert_unique, _unique_params(specs, rows))
+        inserted_ids = {r[0] for r in cur.fetchall()}
+        existing: dict[str, Job] = {}
+        missing = _missing_keys(specs, rows, inserted_ids)
+        if missing:
+            cur.execute(own.existing, {"keys": missing})
+            existing = _by_key(cur.fetchall())
+        result = _with_conflicts(specs, rows, inserted_ids, existing)
+        written = [r for r in rows if r[0] in inserted_ids]
+    wake = _available_queues(written)
+    if wake:
+        cur.execute(stmts.notify_queues, {"queues": wake})
+    return result
+
+
+# -- async -----------------------------------------------------------------------------------
+
+
+async def ainsert(
+    conn: psycopg.AsyncConnection[Any],
+    specs: Sequence[InsertSpec],
+    *,
+    schema: str,
+    source: Source,
+) -> Inserted:
+    """`insert` on an AsyncConnection."""
+    started = time.monotonic()
+    context = InsertContext(source, schema, conn)
+    todo = apply_hooks(list(specs), context)
+    if not todo:
+        return Inserted([])
+    how = plan(todo)
+    stmts = statements.statements(schema)
+    async with conn.cursor(row_factory=tuple_row) as cur:  # whatever the caller's row factory
+        with _too_large():
+            if how == "one":  # one statement: atomic without a transaction of ours
+                await cur.execute(stmts.insert_one, todo[0].as_params())  # it notifies itself
+                returned = await cur.fetchone()
+                assert returned is not None
+                result = Inserted([_job(todo[0], _one_row(todo[0], returned))])
+            elif _caller_commits(conn):
+                result = await _awrite_many(cur, stmts, todo, how)
+            else:
+                async with conn.transaction():  # a savepoint in the caller's transaction
+                    result = await _awrite_many(cur, stmts, todo, how)
+    _emit(context, result, started)
+    return result
+
+
+async def _awrite_many(
+    cur: psycopg.AsyncCursor[Any],
+    stmts: statements.Statements,
+    specs: list[InsertSpec],
+    how: Plan,
+) -> Inserted:
+    await cur.execute(stmts.reserve_ids, {"count": len(specs)})
+    reserved = await cur.fetchone()
+    assert reserved is not None
+    now, ids = reserved
+    rows = _rows(specs, ids, now)
+    if how == "copy":
+        _prepare_copy(cur)
+        async with cur.copy(stmts.copy_jobs) as copy:
+            copy.set_types(_COPY_TYPES)
+            for row in rows:
+                await copy.write_row(row)
+            # Built while the server is still digesting the rows sent so far.
+            result = Inserted(_jobs(specs, rows))
+        written = rows
+    else:
+        own = _own(stmts.schema)
+        await cur.execute(own.insert_unique, _unique_params(specs, rows))
+        inserted_ids = {r[0] for r in await cur.fetchall()}
+        existing: dict[str, Job] = {}
+        missing = _missing_keys(specs, rows, inserted_ids)
+        if missing:
+            await cur.execute(own.existing, {"keys": missing})
+            existing = _by_key(await cur.fetchall())
+        result = _with_conflicts(specs, rows, inserted_ids, existing)
+        written = [r for r in rows if r[0] in inserted_ids]
+    wake = _available_queues(written)
+    if wake:
+        await cur.execute(stmts.notify_queues, {"queues": wake})
+    return result

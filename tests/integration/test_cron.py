@@ -353,6 +353,33 @@ async def test_an_invalid_stored_row_is_skipped_and_the_rest_still_run(
     assert cron_jobs(conn, "broken") == []
 
 
+async def test_a_stored_row_enqueue_would_refuse_is_skipped(
+    db_url: str, conn: psycopg.Connection, pool: AsyncConnectionPool
+) -> None:
+    """Slots are validated by jobspec like any enqueue: args edited by hand into something
+    no runner could decode are refused before a job is written."""
+    make(conn, "deep")
+    make(conn, "fine")
+    deep: Any = {}
+    for _ in range(100):
+        deep = {"d": deep}
+    conn.execute("UPDATE shigoto_cron SET args = %s WHERE name = 'deep'", (json.dumps(deep),))
+    assert list(await scheduler(pool, Clock(T0 + timedelta(minutes=5))).run_once()) == ["fine"]
+    assert cron_jobs(conn, "deep") == []
+
+
+async def test_slots_carry_the_schedules_timeout(
+    db_url: str, conn: psycopg.Connection, pool: AsyncConnectionPool
+) -> None:
+    make(conn, "timed", timeout=timedelta(minutes=2))
+    assert (cron_row(conn, "timed") or {})["timeout"] == 120.0
+    await scheduler(pool, Clock(T0 + timedelta(minutes=5))).run_once()
+    assert [j["timeout"] for j in cron_jobs(conn, "timed")] == [120.0]
+    with pytest.raises(shigoto.ValidationError) as excinfo:
+        cron.schedule("bad", "0 3 * * *", "shop.report", timeout=0)
+    assert excinfo.value.field == "timeout"
+
+
 # -- a runner with cron ---------------------------------------------------------------------
 
 

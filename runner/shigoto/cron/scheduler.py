@@ -7,12 +7,12 @@ schedulers that both believe they lead (a leadership hand-over) therefore never 
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -22,54 +22,11 @@ from psycopg_pool import AsyncConnectionPool
 from shigoto import config, jobspec, telemetry
 from shigoto._service import Service
 from shigoto.cron import expression as cron_expression
-from shigoto.db import database, statements
+from shigoto.db import database, inserts
+from shigoto.db.cron_statements import cron_statements
 from shigoto.errors import ValidationError
 
 log = logging.getLogger("shigoto.cron")
-
-_UPSERT = """
-INSERT INTO {cron} (name, expression, timezone, worker, args, queue, priority, max_attempts,
-                    tags, enabled, catch_up, catch_up_limit, last_slot_at)
-VALUES (%(name)s, %(expression)s, %(timezone)s, %(worker)s, %(args)s, %(queue)s, %(priority)s,
-        %(max_attempts)s, %(tags)s, %(enabled)s, %(catch_up)s, %(catch_up_limit)s,
-        %(last_slot_at)s)
-ON CONFLICT (name) DO UPDATE SET
-    expression = excluded.expression, timezone = excluded.timezone, worker = excluded.worker,
-    args = excluded.args, queue = excluded.queue, priority = excluded.priority,
-    max_attempts = excluded.max_attempts, tags = excluded.tags, enabled = excluded.enabled,
-    catch_up = excluded.catch_up, catch_up_limit = excluded.catch_up_limit,
-    -- a changed expression or zone starts afresh from now; otherwise keep the catch-up point
-    last_slot_at = CASE
-        WHEN {cron}.expression <> excluded.expression OR {cron}.timezone <> excluded.timezone
-        THEN excluded.last_slot_at ELSE {cron}.last_slot_at END,
-    updated_at = now()
-RETURNING *
-"""
-
-_DELETE = "DELETE FROM {cron} WHERE name = %(name)s RETURNING name"
-_LIST = "SELECT * FROM {cron} ORDER BY name"
-_ENABLED = "SELECT name FROM {cron} WHERE enabled ORDER BY name"
-_LOCK = "SELECT *, now() AS db_now FROM {cron} WHERE name = %(name)s AND enabled FOR UPDATE"
-
-_INSERT_SLOT = """
-INSERT INTO {jobs} (queue, worker, args, state, priority, max_attempts, scheduled_at, tags,
-                    meta, unique_key)
-VALUES (%(queue)s, %(worker)s, %(args)s, 'available', %(priority)s, %(max_attempts)s, now(),
-        %(tags)s, %(meta)s, %(unique_key)s)
-ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
-RETURNING id
-"""
-
-_ADVANCE = """
-UPDATE {cron} SET last_slot_at = %(last_slot_at)s,
-                  last_job_id = coalesce(%(last_job_id)s, last_job_id)
-WHERE name = %(name)s
-"""
-
-
-@functools.cache
-def _stmt(template: str, schema: str) -> str:
-    return statements.compose(template, schema)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +41,7 @@ class Schedule:
     queue: str = "default"
     priority: int = 0
     max_attempts: int | None = None
+    timeout: float | None = None
     tags: tuple[str, ...] = ()
     enabled: bool = True
     catch_up: cron_expression.CatchUp = "latest"
@@ -100,6 +58,7 @@ def build_schedule(
     queue: str | None = None,
     priority: int | None = None,
     max_attempts: int | None = None,
+    timeout: float | timedelta | None = None,
     tags: list[str] | None = None,
     enabled: bool = True,
     catch_up: str = "latest",
@@ -110,7 +69,7 @@ def build_schedule(
         raise ValidationError("name", "a schedule needs a name of 1 to 200 characters")
     spec = cron_expression.parse(expression, timezone)
     job = jobspec.build(worker, args, queue=queue, priority=priority,
-                        max_attempts=max_attempts, tags=tags)  # fmt: skip
+                        max_attempts=max_attempts, timeout=timeout, tags=tags)  # fmt: skip
     if catch_up not in cron_expression.CATCH_UP_MODES:
         raise ValidationError(
             "catch_up",
@@ -125,7 +84,7 @@ def build_schedule(
     return Schedule(
         name=name, expression=spec.expression, worker=job.worker, args=json.loads(job.args_json),
         timezone=timezone, queue=job.queue, priority=job.priority, max_attempts=job.max_attempts,
-        tags=tuple(job.tags), enabled=bool(enabled), catch_up=catch_up,  # type: ignore[arg-type]
+        timeout=job.timeout, tags=tuple(job.tags), enabled=bool(enabled), catch_up=catch_up,  # type: ignore[arg-type]
         catch_up_limit=catch_up_limit,
     )  # fmt: skip
 
@@ -135,7 +94,8 @@ def _upsert_params(s: Schedule, now: datetime) -> dict[str, Any]:
     return {
         "name": s.name, "expression": s.expression, "timezone": s.timezone, "worker": s.worker,
         "args": json.dumps(s.args), "queue": s.queue, "priority": s.priority,
-        "max_attempts": s.max_attempts, "tags": list(s.tags), "enabled": s.enabled,
+        "max_attempts": s.max_attempts, "timeout": s.timeout, "tags": list(s.tags),
+        "enabled": s.enabled,
         "catch_up": s.catch_up, "catch_up_limit": s.catch_up_limit,
         # a new schedule starts at the newest slot already past: nothing from before it runs
         "last_slot_at": spec.latest_at_or_before(now),
@@ -155,12 +115,12 @@ def schedule(
 ) -> dict[str, Any]:
     """Create or update the cron entry `name`; returns its stored row."""
     s = build_schedule(name, expression, worker, args, **options)
-    stmt = _stmt(_UPSERT, config.schema(schema))
+    stmts = cron_statements(config.schema(schema))
 
     def write(c: psycopg.Connection[Any]) -> dict[str, Any]:
-        now = c.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+        now = c.execute(stmts.now).fetchone()[0]  # type: ignore[index]
         with c.cursor(row_factory=dict_row) as cur:
-            cur.execute(stmt, _upsert_params(s, now))
+            cur.execute(stmts.upsert, _upsert_params(s, now))
             row = cur.fetchone()
         assert row is not None
         return row
@@ -178,9 +138,10 @@ async def astore_one(
 
     The async twin the operator uses with its own per-database pool: no sync pool is cached
     per URL behind its back, and nothing blocks a thread."""
-    now = (await (await conn.execute("SELECT now()")).fetchone())[0]  # type: ignore[index]
+    stmts = cron_statements(schema)
+    now = (await (await conn.execute(stmts.now)).fetchone())[0]  # type: ignore[index]
     cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(_stmt(_UPSERT, schema), _upsert_params(s, now))
+    await cur.execute(stmts.upsert, _upsert_params(s, now))
     row = await cur.fetchone()
     assert row is not None
     return row
@@ -188,7 +149,7 @@ async def astore_one(
 
 async def aunschedule(conn: psycopg.AsyncConnection[Any], name: str, schema: str) -> bool:
     """Delete the cron entry `name` on the caller's connection; True if it existed."""
-    cur = await conn.execute(_stmt(_DELETE, schema), {"name": name})
+    cur = await conn.execute(cron_statements(schema).delete, {"name": name})
     return await cur.fetchone() is not None
 
 
@@ -196,16 +157,16 @@ def store(
     entries: list[Schedule], *, database_url: str | None = None, schema: str | None = None
 ) -> None:
     """Upsert validated schedules in one transaction (a runner's `--cron` file)."""
-    stmt = _stmt(_UPSERT, config.schema(schema))
+    stmts = cron_statements(config.schema(schema))
     with psycopg.connect(config.database_url(database_url)) as c, c.transaction():
-        now = c.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+        now = c.execute(stmts.now).fetchone()[0]  # type: ignore[index]
         for entry in entries:
-            c.execute(stmt, _upsert_params(entry, now))
+            c.execute(stmts.upsert, _upsert_params(entry, now))
 
 
 def unschedule(name: str, *, database_url: str | None = None, schema: str | None = None) -> bool:
     """Delete the cron entry `name`; True if it existed. Jobs already enqueued stay."""
-    stmt = _stmt(_DELETE, config.schema(schema))
+    stmt = cron_statements(config.schema(schema)).delete
     with database.sync_pool(config.database_url(database_url)).connection() as c:
         return c.execute(stmt, {"name": name}).fetchone() is not None
 
@@ -213,7 +174,7 @@ def unschedule(name: str, *, database_url: str | None = None, schema: str | None
 def schedules(
     *, database_url: str | None = None, schema: str | None = None
 ) -> list[dict[str, Any]]:
-    stmt = _stmt(_LIST, config.schema(schema))
+    stmt = cron_statements(config.schema(schema)).list
     pool = database.sync_pool(config.database_url(database_url))
     with pool.connection() as c, c.cursor(row_factory=dict_row) as cur:
         return list(cur.execute(stmt).fetchall())
@@ -271,7 +232,7 @@ class CronScheduler(Service):
         if not self.is_leader():
             return {}
         async with self.pool.connection() as conn:
-            cur = await conn.execute(_stmt(_ENABLED, self.schema))
+            cur = await conn.execute(cron_statements(self.schema).enabled)
             names = [r[0] for r in await cur.fetchall()]
         enqueued: dict[str, list[int]] = {}
         for name in names:
@@ -287,14 +248,16 @@ class CronScheduler(Service):
         return enqueued
 
     async def _enqueue_due(self, name: str) -> list[int]:
+        stmts = cron_statements(self.schema)
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(_stmt(_LOCK, self.schema), {"name": name})
+            await cur.execute(stmts.lock, {"name": name})
             row = await cur.fetchone()
             if row is None:
                 return []
             try:
                 spec = cron_expression.parse(row["expression"], row["timezone"])
+                template = _job_template(row)
             except ValidationError as exc:
                 log.error("cron %s is invalid and skipped: %s", name, exc)
                 return []
@@ -304,26 +267,38 @@ class CronScheduler(Service):
             )
             if not slots:
                 return []
-            ids = []
-            for slot in slots:
-                cur2 = await conn.execute(_stmt(_INSERT_SLOT, self.schema), {
-                    "queue": row["queue"], "worker": row["worker"],
-                    "args": json.dumps(row["args"]), "priority": row["priority"],
-                    "max_attempts": row["max_attempts"], "tags": row["tags"],
-                    "meta": json.dumps({"cron": name, "slot": slot.astimezone(UTC).isoformat()}),
-                    "unique_key": cron_expression.slot_key(name, slot),
-                })  # fmt: skip
-                inserted = await cur2.fetchone()
-                if inserted:
-                    ids.append(int(inserted[0]))
-            await conn.execute(_stmt(_ADVANCE, self.schema), {
+            inserted = await inserts.ainsert(
+                conn, slot_specs(template, name, slots), schema=self.schema, source="cron"
+            )
+            ids = [job.id for i, job in enumerate(inserted.jobs) if i not in inserted.conflicts]
+            await conn.execute(stmts.advance, {
                 "name": name, "last_slot_at": slots[-1], "last_job_id": ids[-1] if ids else None,
             })  # fmt: skip
-            if ids:
-                await conn.execute(
-                    statements.statements(self.schema).notify_queues, {"queues": [row["queue"]]}
-                )
         log.info("cron %s enqueued %d slot(s)", name, len(ids),
                  extra={"cron": name, "job_ids": ids})  # fmt: skip
         telemetry.emit("cron.enqueue", {"count": len(ids)}, {"name": name, "job_ids": ids})
         return ids
+
+
+def _job_template(row: Mapping[str, Any]) -> jobspec.JobSpec:
+    """A stored schedule's job, validated like any enqueue: a row edited by hand into
+    something enqueue would refuse raises ValidationError instead of writing a bad job."""
+    return jobspec.build(
+        row["worker"], row["args"], queue=row["queue"], priority=row["priority"],
+        max_attempts=row["max_attempts"], timeout=row.get("timeout"), tags=row["tags"],
+    )  # fmt: skip
+
+
+def slot_specs(
+    template: jobspec.JobSpec, name: str, slots: list[datetime]
+) -> list[jobspec.JobSpec]:
+    """One job per slot, due now: the slot in its meta and a unique key per schedule and slot,
+    so a replayed slot returns the job already there instead of a second one."""
+    return [
+        dataclasses.replace(
+            template,
+            meta_json=json.dumps({"cron": name, "slot": slot.astimezone(UTC).isoformat()}),
+            unique_key=cron_expression.slot_key(name, slot),
+        )
+        for slot in slots
+    ]

@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from shigoto.cron.scheduler import CronScheduler
-from shigoto.db.migrate import current_version, latest_version, migrate
+from shigoto.db import ops_statements
+from shigoto.db.migrate import amigrate, current_version, latest_version
 from shigoto.errors import MigrationError
 from shigoto.runtime.elector import Elector
 from shigoto_operator.config import OperatorConfig
@@ -41,14 +41,12 @@ log = logging.getLogger("shigoto.operator.databases")
 
 ELECTION_NAME = "operator-cron"
 
-_CRON_ROW = "SELECT * FROM {cron} WHERE name = %(name)s"
-
 Key = tuple[str, str]  # (url, schema)
 
 #: Longest wait between two migration attempts on a database that keeps failing them.
 MIGRATE_BACKOFF_MAX = 300.0
-#: How long one migration may take before the pass reports it as failed (it goes on in its
-#: thread; the advisory lock keeps a second attempt from running beside it).
+#: How long one migration may take before the pass reports it as failed. The migration is
+#: then cancelled: its connection closes and the server rolls back its one transaction.
 MIGRATE_TIMEOUT = 120.0
 
 
@@ -156,7 +154,7 @@ class Database:
             return self._last_check  # still backing off after a failure
         try:
             applied = await asyncio.wait_for(
-                asyncio.to_thread(migrate, url, schema=self.schema), MIGRATE_TIMEOUT
+                amigrate(url, schema=self.schema), MIGRATE_TIMEOUT
             )
         except (psycopg.Error, MigrationError, OSError, TimeoutError) as exc:
             self._migrate_failures += 1
@@ -198,7 +196,7 @@ class Database:
 
     async def cron_row(self, name: str) -> dict[str, Any] | None:
         """The `shigoto_cron` row `name`, or None."""
-        stmt = sql.SQL(_CRON_ROW).format(cron=sql.Identifier(self.schema, "shigoto_cron"))
+        stmt = ops_statements.compose(ops_statements.CRON_ROW, self.schema)
         async with self.pool.connection(timeout=QUERY_TIMEOUT) as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(stmt, {"name": name})

@@ -25,34 +25,8 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from shigoto.db import ops_statements
 from shigoto_operator.policy import JobCounts
-
-# One row per requested queue (zeros for queues without jobs, NULL settings without a settings
-# row), each carrying now().
-_COUNTS = """
-WITH counts AS (
-    SELECT queue,
-           count(*) FILTER (WHERE state = 'available') AS available,
-           count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
-           count(*) FILTER (WHERE state = 'executing') AS executing,
-           count(*) FILTER (WHERE state = 'retryable') AS retryable,
-           count(*) FILTER (WHERE state = 'completed') AS completed,
-           count(*) FILTER (WHERE state = 'discarded') AS discarded,
-           count(*) FILTER (WHERE state = 'cancelled') AS cancelled,
-           -- the stager moves these to available once due; a runner must exist to do it
-           min(scheduled_at) FILTER (WHERE state IN ('scheduled', 'retryable')) AS next_due_at
-    FROM {jobs}
-    WHERE queue = ANY(%(queues)s)
-    GROUP BY queue
-)
-SELECT q.queue,
-       coalesce(c.available, 0), coalesce(c.scheduled, 0), coalesce(c.executing, 0),
-       coalesce(c.retryable, 0), coalesce(c.completed, 0), coalesce(c.discarded, 0),
-       coalesce(c.cancelled, 0), c.next_due_at, now(), s.paused, s.global_concurrency
-FROM unnest(%(queues)s::text[]) AS q(queue)
-LEFT JOIN counts c ON c.queue = q.queue
-LEFT JOIN {queues} s ON s.name = q.queue
-"""
 
 #: How long a query may take before the poll reports the database as unreachable.
 QUERY_TIMEOUT = 10.0
@@ -80,9 +54,7 @@ class CountsUnavailable(Exception):
 
 
 def counts_statement(schema: str) -> sql.Composed:
-    return sql.SQL(_COUNTS).format(
-        jobs=sql.Identifier(schema, "shigoto_jobs"), queues=sql.Identifier(schema, "shigoto_queues")
-    )
+    return ops_statements.compose(ops_statements.OPERATOR_COUNTS, schema)
 
 
 async def fetch(

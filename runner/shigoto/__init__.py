@@ -4,9 +4,16 @@ The public surface is re-exported here; everything else is an implementation det
 """
 
 from shigoto.client.enqueuing import aenqueue, aenqueue_many, enqueue, enqueue_many
-from shigoto.client.queue_settings import pause_queue, resume_queue, set_queue
+from shigoto.client.queue_settings import (
+    apause_queue,
+    aresume_queue,
+    aset_queue,
+    pause_queue,
+    resume_queue,
+    set_queue,
+)
 from shigoto.context import JobContext, current_job
-from shigoto.db.migrate import migrate
+from shigoto.db.migrate import amigrate, migrate
 from shigoto.errors import (
     Cancel,
     ConfigurationError,
@@ -19,7 +26,17 @@ from shigoto.errors import (
     ValidationError,
 )
 from shigoto.job import Job, JobState
-from shigoto.ops.operations import cancel_by, health, prune, retry_by, status
+from shigoto.ops.operations import (
+    acancel_by,
+    aprune,
+    aretry_by,
+    astatus,
+    cancel_by,
+    health,
+    prune,
+    retry_by,
+    status,
+)
 from shigoto.runtime.runner import Runner, StuckThreadsError
 from shigoto.testing import adrain_queue, drain_queue
 from shigoto.worker import Worker, worker
@@ -43,9 +60,17 @@ __all__ = [
     "ValidationError",
     "Worker",
     "__version__",
+    "acancel_by",
     "adrain_queue",
     "aenqueue",
     "aenqueue_many",
+    "amigrate",
+    "apause_queue",
+    "aprune",
+    "aresume_queue",
+    "aretry_by",
+    "aset_queue",
+    "astatus",
     "cancel_by",
     "current_job",
     "drain_queue",

@@ -31,7 +31,7 @@ from psycopg.rows import dict_row
 
 from shigoto import config, telemetry
 from shigoto.client import enqueuing
-from shigoto.db import statements
+from shigoto.db import ops_statements, statements
 from shigoto.job import Job, JobState
 from shigoto.jobspec import JobSpec
 from shigoto.runtime.completer import batch_params
@@ -60,11 +60,8 @@ async def adrain_queue(
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             if with_scheduled:
                 await conn.execute(
-                    psycopg.sql.SQL(
-                        "UPDATE {} SET state = 'available', scheduled_at = now()"
-                        " WHERE queue = %s AND state IN ('scheduled', 'retryable')"
-                    ).format(stmts.jobs_table),
-                    (queue,),
+                    ops_statements.compose(ops_statements.MAKE_DUE, stmts.schema),
+                    {"queue": queue, "states": [JobState.SCHEDULED, JobState.RETRYABLE]},
                 )
             while True:
                 cur = conn.cursor(row_factory=dict_row)
@@ -283,8 +280,6 @@ def _finished(job: Job, completion: Any) -> Job:
 
 # -- assertions -------------------------------------------------------------------------------
 
-#: States of a job that is enqueued and has not run yet (database mode).
-_WAITING = tuple(s.value for s in (JobState.AVAILABLE, JobState.SCHEDULED, JobState.RETRYABLE))
 
 
 def _worker_name(worker: Any) -> str | None:
@@ -338,14 +333,11 @@ def all_enqueued(
 
 
 def _waiting_jobs(worker: str | None, database_url: str | None, schema: str | None) -> list[Job]:
-    stmts = statements.statements(config.schema(schema))
-    query = psycopg.sql.SQL(
-        "SELECT * FROM {} WHERE state = ANY(%(states)s)"
-        " AND (%(worker)s::text IS NULL OR worker = %(worker)s) ORDER BY id"
-    ).format(stmts.jobs_table)
+    query = ops_statements.compose(ops_statements.WAITING_JOBS, config.schema(schema))
+    states = [str(s) for s in ops_statements.WAITING_STATES]
     with psycopg.connect(config.database_url(database_url)) as conn:
         cur = conn.cursor(row_factory=dict_row)
-        rows = cur.execute(query, {"states": list(_WAITING), "worker": worker}).fetchall()
+        rows = cur.execute(query, {"states": states, "worker": worker}).fetchall()
     return [Job.from_row(row) for row in rows]
 
 

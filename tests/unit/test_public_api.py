@@ -12,9 +12,9 @@ def test_importing_submodules_never_shadows_a_public_name() -> None:
     """`import shigoto.x` sets the attribute `x` on the package: a submodule named like a
     public function (say `health`) would replace that function for everyone in the process."""
     before = {name: getattr(shigoto, name) for name in shigoto.__all__}
-    for module in pkgutil.iter_modules(shigoto.__path__):
-        if module.name != "__main__":
-            importlib.import_module(f"shigoto.{module.name}")
+    for module in pkgutil.walk_packages(shigoto.__path__, "shigoto."):
+        if not module.name.endswith("__main__"):
+            importlib.import_module(module.name)
     shadowed = sorted(
         name for name in shigoto.__all__ if getattr(shigoto, name) is not before[name]
     )

@@ -8,12 +8,22 @@ from shigoto.client.enqueuing import (
     enqueue,
     enqueue_many,
 )
-from shigoto.client.queue_settings import pause_queue, resume_queue, set_queue
+from shigoto.client.queue_settings import (
+    apause_queue,
+    aresume_queue,
+    aset_queue,
+    pause_queue,
+    resume_queue,
+    set_queue,
+)
 
 __all__ = [
     "EnqueueOptions",
     "aenqueue",
     "aenqueue_many",
+    "apause_queue",
+    "aresume_queue",
+    "aset_queue",
     "enqueue",
     "enqueue_many",
     "pause_queue",

@@ -7,33 +7,22 @@ plain SQL) reaches all of them without a restart.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import psycopg
+from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from shigoto import config, telemetry
 from shigoto._service import Service
-from shigoto.db import database, statements
+from shigoto.db import database, ops_statements, steps
+from shigoto.db.steps import Steps
 from shigoto.errors import ValidationError
 
-_READ = "SELECT name, global_concurrency, paused FROM {queues} WHERE name = ANY(%(names)s)"
-_SET_LIMIT = """
-INSERT INTO {queues} (name, global_concurrency) VALUES (%(name)s, %(limit)s)
-ON CONFLICT (name) DO UPDATE SET global_concurrency = excluded.global_concurrency,
-                                 updated_at = now()
-"""
-_SET_PAUSED = """
-INSERT INTO {queues} (name, paused) VALUES (%(name)s, %(paused)s)
-ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()
-"""
 
-
-@functools.cache
-def _stmt(template: str, schema: str) -> str:
-    return statements.compose(template, schema)
+def _stmt(template: str, schema: str) -> sql.Composed:
+    return ops_statements.compose(template, schema)
 
 
 class _Unset:
@@ -49,11 +38,33 @@ class QueueSetting:
     paused: bool = False
 
 
+def _checked(name: str, global_concurrency: int | _Unset | None) -> None:
+    problem = config.queue_name_problem(name)
+    if problem:
+        raise ValidationError("queue", problem)
+    if isinstance(global_concurrency, _Unset) or global_concurrency is None:
+        return
+    if isinstance(global_concurrency, bool) or not isinstance(global_concurrency, int) or (
+        global_concurrency < 1
+    ):
+        raise ValidationError("global_concurrency", "must be a whole number >= 1 or None")
+
+
+def _write_steps(
+    name: str, schema: str, global_concurrency: int | _Unset | None, paused: bool | None
+) -> Steps[None]:
+    """Store the given settings of `name`; UNSET / None leave a setting as it is."""
+    if not isinstance(global_concurrency, _Unset):
+        yield _stmt(ops_statements.SET_LIMIT, schema), {"name": name, "limit": global_concurrency}
+    if paused is not None:
+        yield _stmt(ops_statements.SET_PAUSED, schema), {"name": name, "paused": bool(paused)}
+
+
 async def write_limits(
     conn: psycopg.AsyncConnection, schema: str, limits: Mapping[str, int | None]
 ) -> None:
     for name, limit in limits.items():
-        await conn.execute(_stmt(_SET_LIMIT, schema), {"name": name, "limit": limit})
+        await steps.arun(conn, _write_steps(name, schema, limit, None))
 
 
 async def write_settings(
@@ -66,8 +77,7 @@ async def write_settings(
 ) -> None:
     """Store both shared settings of `name` on the caller's connection (the operator's
     per-database pool), as `set_queue` does through the client's pool."""
-    await conn.execute(_stmt(_SET_LIMIT, schema), {"name": name, "limit": global_concurrency})
-    await conn.execute(_stmt(_SET_PAUSED, schema), {"name": name, "paused": paused})
+    await steps.arun(conn, _write_steps(name, schema, global_concurrency, paused))
 
 
 def set_queue(
@@ -79,21 +89,31 @@ def set_queue(
     schema: str | None = None,
 ) -> None:
     """Change a queue's shared settings; runners pick the change up within seconds."""
-    problem = config.queue_name_problem(name)
-    if problem:
-        raise ValidationError("queue", problem)
-    schema_name = config.schema(schema)
+    _checked(name, global_concurrency)
+    work = _write_steps(name, config.schema(schema), global_concurrency, paused)
     with database.sync_pool(config.database_url(database_url)).connection() as conn:
-        if not isinstance(global_concurrency, _Unset):
-            if global_concurrency is not None and (
-                isinstance(global_concurrency, bool) or not isinstance(global_concurrency, int)
-                or global_concurrency < 1
-            ):  # fmt: skip
-                raise ValidationError("global_concurrency", "must be a whole number >= 1 or None")
-            conn.execute(_stmt(_SET_LIMIT, schema_name),
-                         {"name": name, "limit": global_concurrency})  # fmt: skip
-        if paused is not None:
-            conn.execute(_stmt(_SET_PAUSED, schema_name), {"name": name, "paused": bool(paused)})
+        steps.run(conn, work)
+
+
+async def aset_queue(
+    name: str,
+    *,
+    global_concurrency: int | _Unset | None = UNSET,
+    paused: bool | None = None,
+    database_url: str | None = None,
+    schema: str | None = None,
+) -> None:
+    """`set_queue` for asyncio: the same statements on an async connection."""
+    _checked(name, global_concurrency)
+    work = _write_steps(name, config.schema(schema), global_concurrency, paused)
+    pool = await database.async_pool(config.database_url(database_url))
+    async with pool.connection() as conn:
+        await steps.arun(conn, work)
+
+
+def _paused_event(name: str, paused: bool, schema: str | None) -> None:
+    event = "queue.pause" if paused else "queue.resume"
+    telemetry.emit(event, {}, {"queue": name, "schema": config.schema(schema)})
 
 
 def pause_queue(
@@ -102,7 +122,15 @@ def pause_queue(
     """Stop runners from claiming jobs of `name` (within seconds, on every runner); jobs
     already executing finish, and enqueueing goes on. Emits `queue.pause`."""
     set_queue(name, paused=True, database_url=database_url, schema=schema)
-    telemetry.emit("queue.pause", {}, {"queue": name, "schema": config.schema(schema)})
+    _paused_event(name, True, schema)
+
+
+async def apause_queue(
+    name: str, *, database_url: str | None = None, schema: str | None = None
+) -> None:
+    """`pause_queue` for asyncio."""
+    await aset_queue(name, paused=True, database_url=database_url, schema=schema)
+    _paused_event(name, True, schema)
 
 
 def resume_queue(
@@ -110,7 +138,15 @@ def resume_queue(
 ) -> None:
     """Let runners claim jobs of `name` again. Emits `queue.resume`."""
     set_queue(name, paused=False, database_url=database_url, schema=schema)
-    telemetry.emit("queue.resume", {}, {"queue": name, "schema": config.schema(schema)})
+    _paused_event(name, False, schema)
+
+
+async def aresume_queue(
+    name: str, *, database_url: str | None = None, schema: str | None = None
+) -> None:
+    """`resume_queue` for asyncio."""
+    await aset_queue(name, paused=False, database_url=database_url, schema=schema)
+    _paused_event(name, False, schema)
 
 
 class QueueSettingsWatcher(Service):
@@ -135,7 +171,8 @@ class QueueSettingsWatcher(Service):
     async def run_once(self) -> dict[str, QueueSetting]:
         names = self.queues()
         async with self.pool.connection() as conn:
-            cur = await conn.execute(_stmt(_READ, self.schema), {"names": names})
+            cur = await conn.execute(_stmt(ops_statements.READ_SETTINGS, self.schema),
+                                     {"names": names})  # fmt: skip
             rows = await cur.fetchall()
         found = {r[0]: QueueSetting(r[1], bool(r[2])) for r in rows}
         settings = {name: found.get(name, QueueSetting()) for name in names}

@@ -16,6 +16,8 @@ import psycopg
 from psycopg import sql
 
 from shigoto import config
+from shigoto.db import steps
+from shigoto.db.steps import Steps
 from shigoto.errors import MigrationError
 
 _FILE_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -69,50 +71,59 @@ def migrate(database_url: str | None = None, *, schema: str | None = None) -> li
     DML rights on the tables can call it (as `shigoto run` does at start) without CREATE.
     """
     url = config.database_url(database_url)
-    schema_name = config.schema(schema)
-    migrations = load_migrations()
+    work = _migrate_steps(config.schema(schema), load_migrations())
     with psycopg.connect(url) as conn, conn.transaction():
-        conn.execute(_lock_key(schema_name))
-        try:
-            return _apply(conn, schema_name, migrations)
-        except psycopg.errors.InsufficientPrivilege as exc:
-            raise MigrationError(
-                f"role {conn.info.user!r} may not change schema {schema_name!r} "
-                f"({exc.diag.message_primary}): run `shigoto migrate` as the role that owns "
-                "the schema; runtime roles need only USAGE on it and DML rights on its tables"
-            ) from None
+        return steps.run(conn, work)
 
 
-def _apply(conn: psycopg.Connection, schema: str, migrations: list[Migration]) -> list[int]:
+async def amigrate(database_url: str | None = None, *, schema: str | None = None) -> list[int]:
+    """`migrate` for asyncio (the operator migrates each database it serves this way)."""
+    url = config.database_url(database_url)
+    work = _migrate_steps(config.schema(schema), load_migrations())
+    async with await psycopg.AsyncConnection.connect(url) as conn, conn.transaction():
+        return await steps.arun(conn, work)
+
+
+def _migrate_steps(schema: str, migrations: list[Migration]) -> Steps[list[int]]:
+    """The whole migration, in the caller's transaction, serialised by an advisory lock."""
+    # The role's name is read first: after a refused statement the transaction is aborted.
+    user = (yield "SELECT current_user", None).rows[0][0]
+    yield _lock_key(schema), None
+    try:
+        return (yield from _apply_steps(schema, migrations))
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise MigrationError(
+            f"role {user!r} may not change schema {schema!r} "
+            f"({exc.diag.message_primary}): run `shigoto migrate` as the role that owns "
+            "the schema; runtime roles need only USAGE on it and DML rights on its tables"
+        ) from None
+
+
+def _apply_steps(schema: str, migrations: list[Migration]) -> Steps[list[int]]:
     # Only what is missing is created: CREATE ... IF NOT EXISTS checks the CREATE privilege
     # before it checks existence, so it would fail for a role without DDL rights.
-    if not _exists(conn, "SELECT 1 FROM pg_namespace WHERE nspname = %s", schema):
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
-    if not _exists(conn, "SELECT to_regclass(%s) IS NOT NULL",
-                   f'"{schema}".shigoto_schema_migrations'):  # fmt: skip
-        conn.execute(
+    if not (yield "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).rows:
+        yield sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)), None
+    yield sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)), None
+    found = yield "SELECT to_regclass(%s) IS NOT NULL", (f'"{schema}".shigoto_schema_migrations',)
+    if not found.rows[0][0]:
+        yield (
             "CREATE TABLE shigoto_schema_migrations ("
             " version integer PRIMARY KEY, name text NOT NULL,"
             " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-    done = {row[0] for row in conn.execute("SELECT version FROM shigoto_schema_migrations")}
+        ), None
+    done = {row[0] for row in (yield "SELECT version FROM shigoto_schema_migrations", None).rows}
     applied = []
     for migration in migrations:
         if migration.version in done:
             continue
-        conn.execute(migration.sql.encode())
-        conn.execute(
+        yield migration.sql.encode(), None
+        yield (
             "INSERT INTO shigoto_schema_migrations (version, name) VALUES (%s, %s)",
             (migration.version, migration.name),
         )
         applied.append(migration.version)
     return applied
-
-
-def _exists(conn: psycopg.Connection, query: str, param: str) -> bool:
-    row = conn.execute(query, (param,)).fetchone()  # type: ignore[arg-type]
-    return bool(row and row[0])
 
 
 async def current_version(conn: psycopg.AsyncConnection, schema: str) -> int:

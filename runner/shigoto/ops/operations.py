@@ -6,16 +6,18 @@ every job in the table.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from shigoto import config
-from shigoto.db import database, statements
+from shigoto import config, telemetry
+from shigoto.db import database, ops_statements, statements, steps
+from shigoto.db.steps import Steps
 from shigoto.errors import ValidationError
 from shigoto.job import CANCELLABLE_STATES, FINISHED_STATES, JobState
 
@@ -79,6 +81,47 @@ def _filter(
     return f
 
 
+def _retry_steps(f: Filter, schema: str) -> Steps[list[int]]:
+    where, params = f.where()
+    done = yield ops_statements.with_filter(ops_statements.RETRY, schema, where), {
+        **params, "from": sorted(RETRYABLE_FROM)
+    }
+    queues = sorted({row[1] for row in done.rows})
+    if queues:
+        yield statements.statements(schema).notify_queues, {"queues": queues}
+    return sorted(row[0] for row in done.rows)
+
+
+def _cancel_steps(f: Filter, schema: str, reason: str) -> Steps[list[int]]:
+    where, params = f.where()
+    done = yield ops_statements.with_filter(ops_statements.CANCEL, schema, where), {
+        **params, "from": sorted(CANCELLABLE_STATES), "reason": f"Cancelled: {reason}"
+    }
+    ids = sorted(row[0] for row in done.rows)
+    if ids:
+        yield ops_statements.NOTIFY_CANCELLED, {
+            "channel": statements.CANCEL_CHANNEL, "schema": schema, "ids": ids
+        }
+    return ids
+
+
+def _matching_steps(f: Filter, states: Iterable[JobState], schema: str) -> Steps[list[int]]:
+    where, params = f.where()
+    found = yield ops_statements.with_filter(ops_statements.MATCHING, schema, where), {
+        **params, "from": sorted(states)
+    }
+    return [row[0] for row in found.rows]
+
+
+def _bulk_steps(
+    action: str, f: Filter, schema: str, dry_run: bool, reason: str = ""
+) -> Steps[list[int]]:
+    if dry_run:
+        states = RETRYABLE_FROM if action == "retry" else CANCELLABLE_STATES
+        return _matching_steps(f, states, schema)
+    return _retry_steps(f, schema) if action == "retry" else _cancel_steps(f, schema, reason)
+
+
 def retry_by(
     *,
     ids: Iterable[int] | None = None,
@@ -95,27 +138,28 @@ def retry_by(
     A job whose attempts are used up gets one more: it runs once and, failing again, is
     discarded again. With `dry_run=True` nothing changes: the ids are those it would retry.
     """
-    f = _filter(ids, queue, worker, tag, state)
-    stmts = statements.statements(config.schema(schema))
-    if dry_run:
-        return _matching(f, RETRYABLE_FROM, stmts, database_url)
-    where, params = f.where()
-    query = sql.SQL(
-        "UPDATE {jobs} SET state = 'available', scheduled_at = now(), finished_at = NULL,"
-        " completed_at = NULL,"
-        " max_attempts = CASE WHEN max_attempts IS NOT NULL AND attempt >= max_attempts"
-        "                     THEN attempt + 1 ELSE max_attempts END"
-        " WHERE state = ANY(%(from)s) AND {where}"
-        " RETURNING id, queue"
-    ).format(jobs=stmts.jobs_table, where=where)
-    params["from"] = sorted(RETRYABLE_FROM)
-    pool = database.sync_pool(config.database_url(database_url))
-    with pool.connection() as conn, conn.transaction():
-        rows = conn.execute(query, params).fetchall()
-        queues = sorted({r[1] for r in rows})
-        if queues:
-            conn.execute(stmts.notify_queues, {"queues": queues})
-    return sorted(r[0] for r in rows)
+    work = _bulk_steps("retry", _filter(ids, queue, worker, tag, state), config.schema(schema),
+                       dry_run)  # fmt: skip
+    with _sync_transaction(database_url) as conn:
+        return steps.run(conn, work)
+
+
+async def aretry_by(
+    *,
+    ids: Iterable[int] | None = None,
+    queue: str | None = None,
+    worker: str | None = None,
+    tag: str | None = None,
+    state: str | None = None,
+    dry_run: bool = False,
+    database_url: str | None = None,
+    schema: str | None = None,
+) -> list[int]:
+    """`retry_by` for asyncio: the same statements on an async connection."""
+    work = _bulk_steps("retry", _filter(ids, queue, worker, tag, state), config.schema(schema),
+                       dry_run)  # fmt: skip
+    async with _async_transaction(database_url) as conn:
+        return await steps.arun(conn, work)
 
 
 def cancel_by(
@@ -134,42 +178,45 @@ def cancel_by(
 
     With `dry_run=True` nothing changes: the ids are those it would cancel.
     """
-    f = _filter(ids, queue, worker, tag, state)
-    schema_name = config.schema(schema)
-    stmts = statements.statements(schema_name)
-    if dry_run:
-        return _matching(f, CANCELLABLE_STATES, stmts, database_url)
-    where, params = f.where()
-    query = sql.SQL(
-        "UPDATE {jobs} SET state = 'cancelled', finished_at = now(),"
-        " errors = errors || jsonb_build_array(jsonb_build_object("
-        "   'attempt', attempt, 'at', now(), 'error', %(reason)s::text, 'traceback', ''))"
-        " WHERE state = ANY(%(from)s) AND {where}"
-        " RETURNING id"
-    ).format(jobs=stmts.jobs_table, where=where)
-    params["from"] = sorted(CANCELLABLE_STATES)
-    params["reason"] = f"Cancelled: {reason}"
+    work = _bulk_steps("cancel", _filter(ids, queue, worker, tag, state), config.schema(schema),
+                       dry_run, reason)  # fmt: skip
+    with _sync_transaction(database_url) as conn:
+        return steps.run(conn, work)
+
+
+async def acancel_by(
+    *,
+    ids: Iterable[int] | None = None,
+    queue: str | None = None,
+    worker: str | None = None,
+    tag: str | None = None,
+    state: str | None = None,
+    reason: str = "cancelled by operator",
+    dry_run: bool = False,
+    database_url: str | None = None,
+    schema: str | None = None,
+) -> list[int]:
+    """`cancel_by` for asyncio: the same statements on an async connection."""
+    work = _bulk_steps("cancel", _filter(ids, queue, worker, tag, state), config.schema(schema),
+                       dry_run, reason)  # fmt: skip
+    async with _async_transaction(database_url) as conn:
+        return await steps.arun(conn, work)
+
+
+@contextlib.contextmanager
+def _sync_transaction(database_url: str | None) -> Iterator[psycopg.Connection[Any]]:
     pool = database.sync_pool(config.database_url(database_url))
     with pool.connection() as conn, conn.transaction():
-        ids_done = sorted(r[0] for r in conn.execute(query, params).fetchall())
-        if ids_done:
-            # Runners executing any of these stop the perform; others ignore the notice.
-            conn.execute(
-                "SELECT pg_notify(%s, %s || '.' || i) FROM unnest(%s::bigint[]) AS i",
-                (statements.CANCEL_CHANNEL, schema_name, ids_done),
-            )
-    return ids_done
+        yield conn
 
 
-def _matching(
-    f: Filter, states: Iterable[JobState], stmts: statements.Statements, database_url: str | None
-) -> list[int]:
-    where, params = f.where()
-    query = sql.SQL("SELECT id FROM {jobs} WHERE state = ANY(%(from)s) AND {where} ORDER BY id")
-    params["from"] = sorted(states)
-    with database.sync_pool(config.database_url(database_url)).connection() as conn:
-        rows = conn.execute(query.format(jobs=stmts.jobs_table, where=where), params).fetchall()
-    return [r[0] for r in rows]
+@contextlib.asynccontextmanager
+async def _async_transaction(
+    database_url: str | None,
+) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    pool = await database.async_pool(config.database_url(database_url))
+    async with pool.connection() as conn, conn.transaction():
+        yield conn
 
 
 def explain_no_match(
@@ -186,11 +233,12 @@ def explain_no_match(
     """Why `retry_by` / `cancel_by` (`action` "retry" or "cancel") matched nothing: no job
     fits the filters at all, or the ones that do are in states the action leaves alone."""
     f = _filter(ids, queue, worker, tag, state)
-    stmts = statements.statements(config.schema(schema))
     where, params = f.where()
-    query = sql.SQL("SELECT state, count(*) FROM {jobs} WHERE {where} GROUP BY state ORDER BY 1")
+    query = ops_statements.with_filter(
+        ops_statements.MATCHING_BY_STATE, config.schema(schema), where
+    )
     with database.sync_pool(config.database_url(database_url)).connection() as conn:
-        found = conn.execute(query.format(jobs=stmts.jobs_table, where=where), params).fetchall()
+        found = conn.execute(query, params).fetchall()
     acts_on = RETRYABLE_FROM if action == "retry" else CANCELLABLE_STATES
     if not found:
         if worker:
@@ -231,45 +279,38 @@ class Status:
         }
 
 
-def _status(conn: psycopg.Connection[Any], stmts: statements.Statements) -> Status:
+def _status_steps(schema: str) -> Steps[Status]:
+    stmts = statements.statements(schema)
     counts: dict[str, dict[str, int]] = {}
-    for queue, state, count in conn.execute(stmts.counts).fetchall():
+    for queue, state, count in (yield stmts.counts, None).rows:
         counts.setdefault(queue, {s.value: 0 for s in JobState})[state] = int(count)
-    ages = {q: float(a) for q, a in conn.execute(stmts.oldest_available).fetchall()}
+    ages = {q: float(a) for q, a in (yield stmts.oldest_available, None).rows}
     nodes = []
-    for row in conn.execute(stmts.nodes).fetchall():
+    for row in (yield stmts.nodes, None).rows:
         node_id, host, pid, queues, started, seen, silent = row
         nodes.append({
             "id": node_id, "hostname": host, "pid": pid, "queues": queues,
             "started_at": started.isoformat(), "last_seen_at": seen.isoformat(),
             "silent_for": round(float(silent), 3),
         })  # fmt: skip
-    return Status(counts, ages, nodes, _cron_entries(conn, stmts.schema),
-                  _queue_settings(conn, stmts.schema))  # fmt: skip
-
-
-def _queue_settings(conn: psycopg.Connection[Any], schema: str) -> dict[str, dict[str, Any]]:
-    """Queues that are paused or globally limited; queues at their defaults are left out."""
-    query = sql.SQL(
-        "SELECT name, paused, global_concurrency FROM {} "
-        "WHERE paused OR global_concurrency IS NOT NULL ORDER BY name"
-    ).format(sql.Identifier(schema, "shigoto_queues"))
-    return {
+    # Queues at their defaults are left out of the settings.
+    settings = {
         name: {"paused": paused, "global_concurrency": limit}
-        for name, paused, limit in conn.execute(query)
+        for name, paused, limit in (
+            yield ops_statements.compose(ops_statements.SETTINGS_IN_FORCE, schema), None
+        ).rows
     }
+    cron = _cron_entries((yield ops_statements.compose(ops_statements.CRON_ENTRIES, schema),
+                          None).rows)  # fmt: skip
+    return Status(counts, ages, nodes, cron, settings)
 
 
-def _cron_entries(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
+def _cron_entries(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
     """Each schedule with its next slot; an invalid stored expression shows as such."""
     from shigoto.cron import expression
 
-    query = sql.SQL(
-        "SELECT name, expression, timezone, worker, queue, enabled, last_slot_at, last_job_id,"
-        " now() FROM {} ORDER BY name"
-    ).format(sql.Identifier(schema, "shigoto_cron"))
     entries = []
-    for name, expr, tz, worker, queue, enabled, last, last_job, now in conn.execute(query):
+    for name, expr, tz, worker, queue, enabled, last, last_job, now in rows:
         try:
             upcoming = expression.parse(expr, tz).next_after(now).isoformat() if enabled else None
         except ValidationError:
@@ -284,9 +325,15 @@ def _cron_entries(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, 
 
 def status(*, database_url: str | None = None, schema: str | None = None) -> Status:
     """Counts by queue and state, age of the oldest available job per queue, live nodes."""
-    stmts = statements.statements(config.schema(schema))
     with database.sync_pool(config.database_url(database_url)).connection() as conn:
-        return _status(conn, stmts)
+        return steps.run(conn, _status_steps(config.schema(schema)))
+
+
+async def astatus(*, database_url: str | None = None, schema: str | None = None) -> Status:
+    """`status` for asyncio: the same statements on an async connection."""
+    pool = await database.async_pool(config.database_url(database_url))
+    async with pool.connection() as conn:
+        return await steps.arun(conn, _status_steps(config.schema(schema)))
 
 
 #: A node that has not heartbeat for this long (seconds) counts as gone when judging stale jobs.
@@ -315,7 +362,7 @@ def health(
     try:
         pool = database.sync_pool(url)  # connects once at first use: may fail too
         with pool.connection(timeout=timeout) as conn:
-            st = _status(conn, stmts)
+            st = steps.run(conn, _status_steps(stmts.schema))
             stale = conn.execute(stmts.stale_executing, {"stale_after": stale_after}).fetchall()
     except psycopg.Error as exc:
         return {"status": "unhealthy", "database": {"reachable": False, "error": str(exc)}}
@@ -343,6 +390,37 @@ def health(
     }
 
 
+def _prune_steps(after: float, keep: float, schema: str) -> Steps[dict[str, int]]:
+    from shigoto.runtime.pruner import PRUNE_BATCH
+
+    stmts = statements.statements(schema)
+    done = {"archived": 0, "deleted": 0}
+    for key, statement, age in (("archived", stmts.archive, after),
+                                ("deleted", stmts.delete_archived, keep)):  # fmt: skip
+        while True:
+            count = (yield statement, {"after": age, "limit": PRUNE_BATCH}).rowcount
+            done[key] += count
+            if count < PRUNE_BATCH:
+                break
+    return done
+
+
+def _prune_ages(prune_after: float | None, archive_retention: float | None) -> tuple[float, float]:
+    defaults = config.RunnerSettings()
+    after = defaults.prune_after if prune_after is None else prune_after
+    keep = defaults.archive_retention if archive_retention is None else archive_retention
+    for name, value in (("prune_after", after), ("archive_retention", keep)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ValidationError(name, f"must be zero or more seconds, got {value!r}")
+    return after, keep
+
+
+def _pruned(done: dict[str, int], started: float) -> dict[str, int]:
+    telemetry.emit("pruner.prune", {"duration": time.monotonic() - started, **done},
+                   {"node": "shigoto prune"})  # fmt: skip
+    return done
+
+
 def prune(
     *,
     prune_after: float | None = None,
@@ -353,26 +431,24 @@ def prune(
     """Run the pruner once, now: finished jobs older than `prune_after` seconds (default 14
     days) move to the archive; archived ones older than `archive_retention` (default 30 days)
     are deleted. Returns {"archived": n, "deleted": m}. Runners do this hourly on their own."""
-    from shigoto import telemetry
-    from shigoto.runtime.pruner import PRUNE_BATCH
-
-    defaults = config.RunnerSettings()
-    after = defaults.prune_after if prune_after is None else prune_after
-    keep = defaults.archive_retention if archive_retention is None else archive_retention
-    for name, value in (("prune_after", after), ("archive_retention", keep)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise ValidationError(name, f"must be zero or more seconds, got {value!r}")
-    stmts = statements.statements(config.schema(schema))
-    done = {"archived": 0, "deleted": 0}
+    after, keep = _prune_ages(prune_after, archive_retention)
     started = time.monotonic()
     with database.sync_pool(config.database_url(database_url)).connection() as conn:
-        for key, statement, age in (("archived", stmts.archive, after),
-                                    ("deleted", stmts.delete_archived, keep)):  # fmt: skip
-            while True:
-                count = conn.execute(statement, {"after": age, "limit": PRUNE_BATCH}).rowcount
-                done[key] += count
-                if count < PRUNE_BATCH:
-                    break
-    telemetry.emit("pruner.prune", {"duration": time.monotonic() - started, **done},
-                   {"node": "shigoto prune"})  # fmt: skip
-    return done
+        done = steps.run(conn, _prune_steps(after, keep, config.schema(schema)))
+    return _pruned(done, started)
+
+
+async def aprune(
+    *,
+    prune_after: float | None = None,
+    archive_retention: float | None = None,
+    database_url: str | None = None,
+    schema: str | None = None,
+) -> dict[str, int]:
+    """`prune` for asyncio: the same statements on an async connection."""
+    after, keep = _prune_ages(prune_after, archive_retention)
+    started = time.monotonic()
+    pool = await database.async_pool(config.database_url(database_url))
+    async with pool.connection() as conn:
+        done = await steps.arun(conn, _prune_steps(after, keep, config.schema(schema)))
+    return _pruned(done, started)

@@ -108,7 +108,8 @@ def _write(
     if conn is not None:
         return inserts.insert(conn, specs, schema=name, source=source).jobs
     assert url is not None
-    with database.sync_pool(url).connection() as c:
+    pool = database.sync_pool(url)
+    with pool.connection() as c:
         return inserts.insert(c, specs, schema=name, source=source).jobs
 
 

@@ -22,7 +22,7 @@ import contextlib
 import functools
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, TypeVar
@@ -314,17 +314,26 @@ def _caller_commits(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
     return not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
 
 
-@contextlib.contextmanager
-def _too_large() -> Iterator[None]:
-    """PostgreSQL's size limits as a ValidationError, like every other input problem."""
-    try:
-        yield
-    except psycopg.errors.ProgramLimitExceeded as exc:
-        raise ValidationError(
-            "args",
-            f"the job is too large for PostgreSQL ({exc.diag.message_primary}); args and meta "
-            f"may be at most {_MAX_BYTES} bytes of JSON each",
-        ) from None
+class _TooLarge:
+    """PostgreSQL's size limits as a ValidationError, like every other input problem. Both a
+    sync and an async context manager, so the twins share one `with` line."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: Any) -> None:
+        if isinstance(exc, psycopg.errors.ProgramLimitExceeded):
+            raise ValidationError(
+                "args",
+                f"the job is too large for PostgreSQL ({exc.diag.message_primary}); args and "
+                f"meta may be at most {_MAX_BYTES} bytes of JSON each",
+            ) from None
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        self.__exit__(kind, exc, tb)
 
 
 # -- sync ------------------------------------------------------------------------------------
@@ -341,7 +350,7 @@ def insert(
         return Inserted([])
     how = plan(todo)
     stmts = statements.statements(schema)
-    with conn.cursor(row_factory=tuple_row) as cur, _too_large():  # whatever the caller's
+    with conn.cursor(row_factory=tuple_row) as cur, _TooLarge():  # any row factory
         if how == "one":  # one statement: atomic without a transaction of ours
             cur.execute(stmts.insert_one, todo[0].as_params())  # it notifies itself
             returned = cur.fetchone()
@@ -350,7 +359,7 @@ def insert(
         elif _caller_commits(conn):
             result = _write_many(cur, stmts, todo, how)
         else:
-            with conn.transaction():  # a savepoint inside the caller's transaction, else ours
+            with conn.transaction():  # a savepoint in the caller's transaction
                 result = _write_many(cur, stmts, todo, how)
     _emit(context, result, started)
     return result
@@ -394,11 +403,7 @@ def _write_many(
 
 
 async def ainsert(
-    conn: psycopg.AsyncConnection[Any],
-    specs: Sequence[InsertSpec],
-    *,
-    schema: str,
-    source: Source,
+    conn: psycopg.AsyncConnection[Any], specs: Sequence[InsertSpec], *, schema: str, source: Source
 ) -> Inserted:
     """`insert` on an AsyncConnection."""
     started = time.monotonic()
@@ -408,18 +413,17 @@ async def ainsert(
         return Inserted([])
     how = plan(todo)
     stmts = statements.statements(schema)
-    async with conn.cursor(row_factory=tuple_row) as cur:  # whatever the caller's row factory
-        with _too_large():
-            if how == "one":  # one statement: atomic without a transaction of ours
-                await cur.execute(stmts.insert_one, todo[0].as_params())  # it notifies itself
-                returned = await cur.fetchone()
-                assert returned is not None
-                result = Inserted([_job(todo[0], _one_row(todo[0], returned))])
-            elif _caller_commits(conn):
+    async with conn.cursor(row_factory=tuple_row) as cur, _TooLarge():  # any row factory
+        if how == "one":  # one statement: atomic without a transaction of ours
+            await cur.execute(stmts.insert_one, todo[0].as_params())  # it notifies itself
+            returned = await cur.fetchone()
+            assert returned is not None
+            result = Inserted([_job(todo[0], _one_row(todo[0], returned))])
+        elif _caller_commits(conn):
+            result = await _awrite_many(cur, stmts, todo, how)
+        else:
+            async with conn.transaction():  # a savepoint in the caller's transaction
                 result = await _awrite_many(cur, stmts, todo, how)
-            else:
-                async with conn.transaction():  # a savepoint in the caller's transaction
-                    result = await _awrite_many(cur, stmts, todo, how)
     _emit(context, result, started)
     return result
 

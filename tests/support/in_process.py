@@ -12,9 +12,13 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import shigoto
+from shigoto.db import database
 from tests.support.waiting import until
 
 DEADLINE = 30.0
+
+#: Short intervals so a runner notices new and due jobs at once, and stops quickly.
+QUICK: Mapping[str, float] = {"poll_interval": 0.2, "stage_interval": 0.1, "shutdown_timeout": 2.0}
 
 #: Short intervals so a dead node is noticed within seconds (rescue_after must exceed heartbeat).
 RESCUE_FAST: Mapping[str, float] = {
@@ -68,3 +72,31 @@ async def start(runner: shigoto.Runner, timeout: float = 60.0) -> asyncio.Task[N
 async def stop(runner: shigoto.Runner, task: asyncio.Task[None], timeout: float = 60.0) -> None:
     await runner.stop()
     await asyncio.wait_for(task, timeout)
+
+
+@asynccontextmanager
+async def running(
+    database_url: str, queues: dict[str, int] | None = None, *,
+    before_stop: Callable[[], object] | None = None, **settings: Any,
+) -> AsyncIterator[shigoto.Runner]:  # fmt: skip
+    """One ready `shigoto.Runner` on `database_url` serving `queues` (default: `default` with 5
+    slots), with `QUICK` under `settings`; a start-up failure is raised. However the test ends,
+    `before_stop` runs (to free performs that wait on the test), the runner stops, its `run()`
+    must end without raising, and the client's pools close. The test may stop it earlier."""
+    runner = shigoto.Runner(
+        queues or {"default": 5}, database_url=database_url, **{**QUICK, **settings}
+    )
+    task = asyncio.create_task(runner.run())
+    try:
+        await until(lambda: runner.ready.is_set() or task.done(), timeout=DEADLINE,
+                    message="runner ready")  # fmt: skip
+        if task.done():
+            task.result()  # raises what made run() fail
+        assert not task.done(), "run() returned before the runner was ready"
+        yield runner
+    finally:
+        if before_stop is not None:
+            before_stop()
+        await runner.stop()
+        await asyncio.wait_for(task, DEADLINE)
+        await database.aclose_pools()

@@ -18,7 +18,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check runner operator tests
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2
 
 bench: $(STAMP)
 	$(BIN)/shigoto bench

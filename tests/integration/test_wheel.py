@@ -69,7 +69,7 @@ def test_wheel_ships_every_migration(wheel: Path) -> None:
             next(n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt"))
         ).decode()
     assert shipped == {p.name for p in (ROOT / "migrations").glob("*.sql")}
-    assert "shigoto = shigoto.cli.commands:main" in entry_points
+    assert "shigoto = shigoto.cli:main" in entry_points
 
 
 def test_installed_wheel_migrates_a_fresh_database(

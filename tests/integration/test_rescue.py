@@ -165,9 +165,13 @@ async def test_a_live_runners_executing_job_is_never_rescued(
     for job_id, node in ghosts.items():
         [error] = rescue_errors(row(conn, job_id))
         assert node in error["error"]
-    assert conn.execute(
-        "SELECT count(*) FROM shigoto_nodes WHERE id = 'stale-node'"
-    ).fetchone() == (0,), "a long-dead node is forgotten"
+    # Forgotten in the same tick, but only after the rescue has committed: waited for, not raced.
+    await until(
+        lambda: conn.execute(
+            "SELECT count(*) FROM shigoto_nodes WHERE id = 'stale-node'"
+        ).fetchone() == (0,),
+        timeout=DEADLINE, message="a long-dead node is forgotten",
+    )  # fmt: skip
 
     job = row(conn, live.id)
     assert (job["state"], job["attempt"], job["errors"]) == ("executing", 1, [])

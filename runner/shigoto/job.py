@@ -32,7 +32,8 @@ CANCELLABLE_STATES = frozenset(
 JOB_COLUMNS = (
     "id", "queue", "worker", "args", "state", "priority", "attempt", "max_attempts", "timeout",
     "scheduled_at", "inserted_at", "attempted_at", "completed_at", "finished_at", "attempted_by",
-    "errors", "result", "tags", "meta", "progress", "unique_key",
+    "errors", "result", "tags", "meta", "progress", "unique_key", "depends_on",
+    "on_parent_failure", "batch_id",
 )  # fmt: skip
 
 
@@ -61,6 +62,11 @@ class Job:
     meta: dict[str, Any] = field(default_factory=dict)
     progress: int | None = None
     unique_key: str | None = None
+    #: Workflows: the parent job ids this job waits for, and its policy when one fails.
+    depends_on: list[int] | None = None
+    on_parent_failure: str | None = None
+    #: The batch this job belongs to (`shigoto.batch`).
+    batch_id: int | None = None
 
     @classmethod
     def from_values(cls, values: Sequence[Any]) -> Job:

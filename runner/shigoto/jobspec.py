@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from shigoto import registry
+from shigoto import registry, relations
 from shigoto.config import DEFAULT_QUEUE, queue_name_problem
 from shigoto.errors import ValidationError
 from shigoto.signatures import misfit_field
@@ -31,7 +31,7 @@ INT32 = (-(2**31), 2**31 - 1)
 #: Keys an enqueue_many entry (and enqueue's options) may carry.
 OPTION_NAMES = frozenset(
     {"worker", "args", "queue", "priority", "max_attempts", "timeout", "scheduled_at",
-     "schedule_in", "tags", "meta"}
+     "schedule_in", "tags", "meta", "unique", "depends_on", "on_parent_failure", "batch"}
 )  # fmt: skip
 #: The keyword options `build` takes (worker and args are positional).
 _OPTIONS = OPTION_NAMES - {"worker", "args"}
@@ -55,6 +55,9 @@ class JobSpec:
     tags: list[str] = field(default_factory=list)
     meta_json: str = "{}"
     unique_key: str | None = None
+    depends_on: tuple[int, ...] = ()
+    on_parent_failure: str | None = None
+    batch_id: int | None = None
 
     def as_params(self) -> dict[str, Any]:
         return {
@@ -62,6 +65,8 @@ class JobSpec:
             "priority": self.priority, "max_attempts": self.max_attempts,
             "timeout": self.timeout, "scheduled_at": self.scheduled_at, "delay": self.delay,
             "tags": self.tags, "meta": self.meta_json,
+            "depends_on": list(self.depends_on) or None,
+            "on_parent_failure": self.on_parent_failure, "batch_id": self.batch_id,
         }  # fmt: skip
 
 
@@ -228,7 +233,7 @@ def build(worker: Any, args: Any = None, /, **options: Any) -> JobSpec:
 
     max_attempts = pick("max_attempts")
     scheduled_at, delay = _schedule(options.get("scheduled_at"), options.get("schedule_in"))
-    return JobSpec(
+    spec = JobSpec(
         worker=name,
         args_json=args_json,
         queue=_queue(pick("queue") if pick("queue") is not None else DEFAULT_QUEUE),
@@ -240,6 +245,7 @@ def build(worker: Any, args: Any = None, /, **options: Any) -> JobSpec:
         tags=_tags(pick("tags")),
         meta_json=_json_object("meta", options.get("meta")),
     )
+    return relations.apply(spec, options, defaults)
 
 
 def build_many(entries: Any) -> list[JobSpec]:

@@ -73,6 +73,10 @@ def enqueue(
     schedule_in: float | timedelta | None = None,
     tags: list[str] | None = None,
     meta: Mapping[str, Any] | None = None,
+    unique: Mapping[str, Any] | None = None,
+    depends_on: Iterable[int] | None = None,
+    on_parent_failure: str | None = None,
+    batch: Any = None,
     conn: psycopg.Connection[Any] | None = None,
     database_url: str | None = None,
     schema: str | None = None,
@@ -81,7 +85,8 @@ def enqueue(
     """Insert one job; with `conn=` it joins that connection's open transaction."""
     spec = _spec(worker, args, dict(
         queue=queue, priority=priority, max_attempts=max_attempts, timeout=timeout,
-        scheduled_at=scheduled_at, schedule_in=schedule_in, tags=tags, meta=meta, **unknown,
+        scheduled_at=scheduled_at, schedule_in=schedule_in, tags=tags, meta=meta, unique=unique,
+        depends_on=depends_on, on_parent_failure=on_parent_failure, batch=batch, **unknown,
     ))  # fmt: skip
     if interceptor is not None:
         return interceptor.record([spec])[0]
@@ -135,6 +140,10 @@ async def aenqueue(
     schedule_in: float | timedelta | None = None,
     tags: list[str] | None = None,
     meta: Mapping[str, Any] | None = None,
+    unique: Mapping[str, Any] | None = None,
+    depends_on: Iterable[int] | None = None,
+    on_parent_failure: str | None = None,
+    batch: Any = None,
     conn: psycopg.AsyncConnection[Any] | None = None,
     database_url: str | None = None,
     schema: str | None = None,
@@ -143,7 +152,8 @@ async def aenqueue(
     """`enqueue` for asyncio; `conn=` takes a psycopg AsyncConnection."""
     spec = _spec(worker, args, dict(
         queue=queue, priority=priority, max_attempts=max_attempts, timeout=timeout,
-        scheduled_at=scheduled_at, schedule_in=schedule_in, tags=tags, meta=meta, **unknown,
+        scheduled_at=scheduled_at, schedule_in=schedule_in, tags=tags, meta=meta, unique=unique,
+        depends_on=depends_on, on_parent_failure=on_parent_failure, batch=batch, **unknown,
     ))  # fmt: skip
     if interceptor is not None:
         return (await interceptor.arecord([spec]))[0]

@@ -71,6 +71,12 @@ class InsertSpec(Protocol):
     def meta_json(self) -> str: ...
     @property
     def unique_key(self) -> str | None: ...
+    @property
+    def depends_on(self) -> tuple[int, ...]: ...
+    @property
+    def on_parent_failure(self) -> str | None: ...
+    @property
+    def batch_id(self) -> int | None: ...
     def as_params(self) -> dict[str, Any]: ...
 
 
@@ -136,17 +142,23 @@ class Inserted:
 _INSERT_UNIQUE = """
 WITH ins AS (
     INSERT INTO {jobs} (id, queue, worker, args, state, priority, max_attempts, timeout,
-                        scheduled_at, inserted_at, tags, meta, unique_key)
+                        scheduled_at, inserted_at, tags, meta, unique_key, depends_on,
+                        on_parent_failure, batch_id)
     SELECT r.id, r.queue, r.worker, r.args, r.state, r.priority, r.max_attempts, r.timeout,
            r.scheduled_at, r.inserted_at, ARRAY(SELECT jsonb_array_elements_text(r.tags)),
-           r.meta, r.unique_key
+           r.meta, r.unique_key,
+           CASE WHEN r.depends_on IS NOT NULL
+                THEN ARRAY(SELECT jsonb_array_elements_text(r.depends_on))::bigint[] END,
+           r.on_parent_failure, r.batch_id
     FROM unnest(%(id)s::int8[], %(queue)s::text[], %(worker)s::text[], %(args)s::jsonb[],
                 %(state)s::text[], %(priority)s::int4[], %(max_attempts)s::int4[],
                 %(timeout)s::float8[], %(scheduled_at)s::timestamptz[],
                 %(inserted_at)s::timestamptz[], %(tags)s::jsonb[], %(meta)s::jsonb[],
-                %(unique_key)s::text[]) WITH ORDINALITY
+                %(unique_key)s::text[], %(depends_on)s::jsonb[], %(on_parent_failure)s::text[],
+                %(batch_id)s::int8[]) WITH ORDINALITY
          AS r(id, queue, worker, args, state, priority, max_attempts, timeout, scheduled_at,
-              inserted_at, tags, meta, unique_key, ord)
+              inserted_at, tags, meta, unique_key, depends_on, on_parent_failure, batch_id,
+              ord)
     ORDER BY r.ord
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
     RETURNING id
@@ -179,7 +191,7 @@ def _own(schema: str) -> _Statements:
 #: per-value dumper lookup and text escaping, and is cheaper for the server to parse.
 _COPY_TYPES = (
     "int8", "text", "text", "jsonb", "text", "int4", "int4", "float8", "timestamptz",
-    "timestamptz", "text[]", "jsonb",
+    "timestamptz", "text[]", "jsonb", "int8[]", "text", "int8",
 )  # fmt: skip
 
 Plan = Literal["one", "copy", "unique"]
@@ -216,14 +228,18 @@ def _rows(specs: Sequence[InsertSpec], ids: Sequence[int], now: datetime) -> lis
         rows.append((
             job_id, spec.queue, spec.worker, spec.args_json, state, spec.priority,
             spec.max_attempts, spec.timeout, at, now, spec.tags, spec.meta_json,
+            list(spec.depends_on) or None, spec.on_parent_failure, spec.batch_id,
         ))  # fmt: skip
     return rows
 
 
 def _unique_params(specs: Sequence[InsertSpec], rows: list[tuple[Any, ...]]) -> dict[str, Any]:
     names = ("id", "queue", "worker", "args", "state", "priority", "max_attempts", "timeout",
-             "scheduled_at", "inserted_at", "tags", "meta")  # fmt: skip
+             "scheduled_at", "inserted_at", "tags", "meta", "depends_on", "on_parent_failure",
+             "batch_id")  # fmt: skip
     params: dict[str, Any] = {name: [row[i] for row in rows] for i, name in enumerate(names)}
+    # An array of arrays must be rectangular: the parents travel as JSON, like the tags.
+    params["depends_on"] = [json.dumps(d) if d else None for d in params["depends_on"]]
     params["tags"] = [json.dumps(tags) for tags in params["tags"]]
     params["unique_key"] = [spec.unique_key for spec in specs]
     return params
@@ -242,6 +258,8 @@ def _job(spec: InsertSpec, row: tuple[Any, ...]) -> Job:
         state=JobState(state), priority=spec.priority, max_attempts=spec.max_attempts,
         timeout=spec.timeout, scheduled_at=scheduled_at, inserted_at=inserted_at,
         tags=spec.tags, meta=_parse(spec.meta_json), unique_key=spec.unique_key,
+        depends_on=list(spec.depends_on) or None, on_parent_failure=spec.on_parent_failure,
+        batch_id=spec.batch_id,
     )  # fmt: skip
 
 
@@ -255,6 +273,7 @@ def _one_row(spec: InsertSpec, returned: tuple[Any, ...]) -> tuple[Any, ...]:
     return (
         job_id, spec.queue, spec.worker, spec.args_json, state, spec.priority,
         spec.max_attempts, spec.timeout, at, inserted_at, spec.tags, spec.meta_json,
+        list(spec.depends_on) or None, spec.on_parent_failure, spec.batch_id,
     )  # fmt: skip
 
 

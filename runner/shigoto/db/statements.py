@@ -32,10 +32,11 @@ WITH input AS (
                     now() + make_interval(secs => %(delay)s::float8)) AS at
 ), ins AS (
     INSERT INTO {jobs} (queue, worker, args, state, priority, max_attempts, timeout,
-                        scheduled_at, tags, meta)
+                        scheduled_at, tags, meta, depends_on, on_parent_failure, batch_id)
     SELECT %(queue)s, %(worker)s, %(args)s,
            CASE WHEN input.at <= now() THEN {available} ELSE {scheduled} END,
-           %(priority)s, %(max_attempts)s, %(timeout)s, input.at, %(tags)s, %(meta)s
+           %(priority)s, %(max_attempts)s, %(timeout)s, input.at, %(tags)s, %(meta)s,
+           %(depends_on)s::bigint[], %(on_parent_failure)s, %(batch_id)s
     FROM input
     RETURNING id, queue, state, scheduled_at, inserted_at
 )
@@ -58,7 +59,8 @@ SELECT now() AS now,
 # Binary: the client sends typed values (see client._COPY_TYPES), nothing to escape or parse.
 _COPY_JOBS = """
 COPY {jobs} (id, queue, worker, args, state, priority, max_attempts, timeout,
-             scheduled_at, inserted_at, tags, meta) FROM STDIN (FORMAT BINARY)
+             scheduled_at, inserted_at, tags, meta, depends_on, on_parent_failure, batch_id)
+FROM STDIN (FORMAT BINARY)
 """
 
 _NOTIFY_QUEUES = """

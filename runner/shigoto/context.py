@@ -10,6 +10,25 @@ from typing import Any
 
 from shigoto.errors import Error, ValidationError
 
+#: The parents' results of the job about to run, set by the runner's `ParentResults` middleware
+#: around the executor, which builds the job's context in the same task: so the context gets
+#: them without the executor knowing about workflows.
+_parent_results: contextvars.ContextVar[dict[int, Any]] = contextvars.ContextVar(
+    "shigoto_parent_results"
+)
+
+
+def _loaded_parent_results() -> dict[int, Any]:
+    return dict(_parent_results.get({}))
+
+
+def set_parent_results(results: dict[int, Any]) -> contextvars.Token[dict[int, Any]]:
+    return _parent_results.set(results)
+
+
+def reset_parent_results(token: contextvars.Token[dict[int, Any]]) -> None:
+    _parent_results.reset(token)
+
 
 @dataclass(slots=True)
 class JobContext:
@@ -26,6 +45,9 @@ class JobContext:
     _progress_sink: Callable[[int], None] | None = field(default=None, repr=False)
     progress: int | None = None
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    #: `{parent_id: result}` of a job with `depends_on` (None for a parent that did not
+    #: complete, when the job's on_parent_failure is "run"); empty for other jobs.
+    parent_results: dict[int, Any] = field(default_factory=_loaded_parent_results)
 
     @property
     def cancelled(self) -> bool:

@@ -62,10 +62,26 @@ def cron_table(st: Status) -> Table:
     return table
 
 
+def workflows_table(st: Status) -> Table:
+    """Workflows with work left: how many of their steps finished, failed, wait or run."""
+    table = Table(title=f"workflows ({st.waiting_on_parents} jobs waiting for parents)")
+    for name in ("workflow", "id", "done", "failed", "waiting", "executing"):
+        table.add_column(name, justify="left" if name in ("workflow", "id") else "right")
+    for flow in st.workflows:
+        table.add_row(
+            _cell(flow["name"] or "-"), _cell(flow["id"]),
+            f"{flow['completed']}/{flow['total']}", str(flow["failed"]), str(flow["waiting"]),
+            str(flow["executing"]),
+        )  # fmt: skip
+    return table
+
+
 def render_status(st: Status, console: Console | None = None) -> None:
     tables = [status_table(st), nodes_table(st)]
     if st.cron:
         tables.append(cron_table(st))
+    if st.workflows or st.waiting_on_parents:
+        tables.append(workflows_table(st))
     if console is None:
         console = Console()
         if not console.is_terminal:

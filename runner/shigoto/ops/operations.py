@@ -20,7 +20,11 @@ from shigoto.db import database, ops_statements, statements, steps
 from shigoto.db.steps import Steps
 from shigoto.errors import ValidationError
 from shigoto.job import CANCELLABLE_STATES, FINISHED_STATES, JobState
+from shigoto.relations import workflows
 
+#: Most workflows `status` lists (the oldest with work left); the rest are only counted in
+#: `waiting_on_parents` and the queues' counts.
+STATUS_WORKFLOWS = 20
 #: States `retry_by` acts on: anything not already waiting to run or running.
 RETRYABLE_FROM = frozenset({JobState.RETRYABLE, JobState.SCHEDULED, *FINISHED_STATES})
 
@@ -260,6 +264,11 @@ class Status:
     cron: list[dict[str, Any]] = field(default_factory=list)
     #: Shared settings by queue: {"paused": bool, "global_concurrency": int | None}.
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Builder workflows with work left, oldest first: {"id", "name", "total", "completed",
+    #: "failed" (discarded or cancelled), "waiting" (for a parent), "executing"}.
+    workflows: list[dict[str, Any]] = field(default_factory=list)
+    #: Jobs waiting for a parent to finish (workflow steps and plain `depends_on` jobs).
+    waiting_on_parents: int = 0
 
     def setting(self, queue: str) -> dict[str, Any]:
         return self.settings.get(queue, {"paused": False, "global_concurrency": None})
@@ -276,6 +285,8 @@ class Status:
             },
             "nodes": self.nodes,
             "cron": self.cron,
+            "workflows": self.workflows,
+            "waiting_on_parents": self.waiting_on_parents,
         }
 
 
@@ -302,7 +313,12 @@ def _status_steps(schema: str) -> Steps[Status]:
     }
     cron = _cron_entries((yield ops_statements.compose(ops_statements.CRON_ENTRIES, schema),
                           None).rows)  # fmt: skip
-    return Status(counts, ages, nodes, cron, settings)
+    flows = (yield statements.compose(workflows.WORKFLOW_PROGRESS, schema),
+             {"limit": STATUS_WORKFLOWS}).dicts()  # fmt: skip
+    waiting = (yield statements.compose(workflows.WAITING_COUNT, schema), None).one()
+    return Status(counts, ages, nodes, cron, settings,
+                  [{k: v if k in ("id", "name") else int(v) for k, v in f.items()} for f in flows],
+                  int(waiting[0]) if waiting else 0)  # fmt: skip
 
 
 def _cron_entries(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:

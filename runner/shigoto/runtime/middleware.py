@@ -14,7 +14,9 @@ The runner's own concerns are middlewares, outermost first:
   written, since a job counts against its limits until then);
 - `StuckThreadsGuard`: after each job, counts sync performs that outlived their deadline;
 - `ProgressWriter`: writes `current_job().progress(...)` reports in the background, one
-  writer per job, always the newest value.
+  writer per job, always the newest value;
+- `ParentResults`: for a job with `depends_on`, its parents' results (one query) for
+  `current_job().parent_results`.
 
 Extension point (user middleware, a later issue): user middlewares, global (runner-wide) and
 per worker, sync or async, go between these and the terminal step, through `chain()`. They run
@@ -34,8 +36,10 @@ from typing import Any, Protocol
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from shigoto.context import reset_parent_results, set_parent_results
 from shigoto.db import statements
 from shigoto.job import Job
+from shigoto.relations import workflows
 from shigoto.runtime.executor import Completion
 from shigoto.runtime.limiter import count_busy, lock_scope, scope_key
 from shigoto.worker import WorkerResolver, registered
@@ -221,7 +225,61 @@ class ProgressWriter:
             self._writers.pop(job.id, None)
 
 
+class ParentResults:
+    """Loads the results of a job's parents (workflows) before its perform, in one query, so
+    `current_job().parent_results` is `{parent_id: result}`; a parent pruned to the archive
+    meanwhile is read from there. Jobs without parents cost nothing.
+
+    When they cannot be read (the database is away), the job is never run without them: it is
+    handed back without consuming its attempt (or, if even that fails, left to the rescuer).
+    """
+
+    def __init__(
+        self,
+        pool: Callable[[], AsyncConnectionPool | None],
+        stmts: statements.Statements,
+        node: str,
+    ) -> None:
+        self._pool = pool
+        self.stmts = stmts
+        self.node = node
+        self.query = statements.compose(workflows.PARENT_RESULTS, stmts.schema)
+
+    async def __call__(self, job: Job, call_next: Next) -> Completion | None:
+        if not job.depends_on:
+            return await call_next(job)
+        try:
+            results = await self.load(job.depends_on)
+        except Exception as exc:
+            log.warning("could not read the parents' results of job %s: %s; handing it back",
+                        job.id, exc, extra={"job_id": job.id, "worker": job.worker})  # fmt: skip
+            await self._put_back(job)
+            return None
+        token = set_parent_results(results)
+        try:
+            return await call_next(job)
+        finally:
+            reset_parent_results(token)
+
+    async def load(self, ids: list[int]) -> dict[int, Any]:
+        pool = self._pool()
+        assert pool is not None, "the runner is not running"
+        async with pool.connection() as conn, conn.cursor() as cur:
+            await cur.execute(self.query, {"ids": ids})
+            found = {row[0]: row[1] for row in await cur.fetchall()}
+        return {parent: found.get(parent) for parent in ids}
+
+    async def _put_back(self, job: Job) -> None:
+        try:
+            pool = self._pool()
+            if pool is not None:
+                async with pool.connection() as conn:
+                    await conn.execute(self.stmts.put_back, {"ids": [job.id], "node": self.node})
+        except Exception as exc:  # the rescuer returns it once its deadline has passed
+            log.warning("could not hand job %s back: %s", job.id, exc)
+
+
 __all__ = [
-    "GlobalLimits", "Middleware", "Next", "PrepareWorker", "ProgressWriter",
+    "GlobalLimits", "Middleware", "Next", "ParentResults", "PrepareWorker", "ProgressWriter",
     "StuckThreadsGuard", "chain",
 ]  # fmt: skip

@@ -1,0 +1,185 @@
+"""`shigoto.workflow()`: a graph of jobs built by step name and inserted in one transaction.
+
+```python
+wf = shigoto.workflow("nightly")
+wf.add("fetch", fetch, {"day": "2026-11-26"})
+wf.add("parse", parse, {}, after=["fetch"])
+wf.add("report", report, {}, after=["parse"], on_parent_failure="run")
+jobs = wf.enqueue()          # {"fetch": Job, "parse": Job, "report": Job}
+```
+
+Steps may be added in any order (`after` may name a step added later); the graph is checked
+when it is enqueued (`relations.workflows.levels`: unknown names and cycles are refused, a
+diamond is not a cycle). Insertion is level by level, parents first, so each child names its
+parents' real ids and goes through the one insert path (hooks, triggers) like any enqueue with
+`depends_on`; all levels share one transaction, so either the whole graph exists or none of it.
+Each job's meta gets `{"workflow": {"id", "name", "step"}}`, which `shigoto status` groups by.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+
+from shigoto.client import enqueuing
+from shigoto.db import database, inserts
+from shigoto.errors import ValidationError
+from shigoto.job import Job
+from shigoto.jobspec import JobSpec, build
+from shigoto.relations import workflows
+
+#: Options `add` refuses, with the reason.
+_REFUSED = {
+    "depends_on": "use after=[step names] for steps of this workflow",
+    "scheduled_at": "a step runs when its parents have finished; schedule nothing",
+    "schedule_in": "a step runs when its parents have finished; schedule nothing",
+}
+
+
+class Workflow:
+    """A graph of jobs, inserted all at once by `enqueue` / `aenqueue`."""
+
+    def __init__(self, name: str | None = None) -> None:
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise ValidationError("name", f"must be a non-empty string or None, got {name!r}")
+        self.name = name
+        self.id = uuid.uuid4().hex
+        self._steps: dict[str, tuple[Any, Mapping[str, Any] | None, dict[str, Any]]] = {}
+        self._after: dict[str, list[str]] = {}
+
+    def add(
+        self,
+        name: str,
+        worker: Any,
+        args: Mapping[str, Any] | None = None,
+        *,
+        after: list[str] | tuple[str, ...] = (),
+        **options: Any,
+    ) -> Workflow:
+        """Add the step `name`: `worker` with `args`, run after the steps named in `after`.
+
+        `options` are enqueue's (queue, priority, max_attempts, timeout, tags, meta,
+        on_parent_failure, ...). The job is validated now; its parents when enqueued."""
+        if not isinstance(name, str) or not name:
+            raise ValidationError("name", f"each step needs a non-empty name, got {name!r}")
+        if name in self._steps:
+            raise ValidationError("name", f"the workflow already has a step {name!r}")
+        for key, why in _REFUSED.items():
+            if options.get(key) is not None:
+                raise ValidationError(key, f"is not a workflow step option: {why}")
+        if isinstance(after, str) or not all(isinstance(a, str) for a in after):
+            raise ValidationError("after", f"must be a list of step names, got {after!r}")
+        check = dict(options)
+        if after:  # validated as if its parents existed (policy, meta and the rest)
+            check["depends_on"] = [1]
+        elif check.get("on_parent_failure") is not None:
+            raise ValidationError(
+                "on_parent_failure", f"step {name!r} has no parents (after=[...]) to fail"
+            )
+        build(worker, args, **check)
+        self._steps[name] = (worker, args, options)
+        self._after[name] = list(dict.fromkeys(after))
+        return self
+
+    def _spec(self, name: str, parent_ids: list[int]) -> JobSpec:
+        worker, args, options = self._steps[name]
+        meta = dict(options.get("meta") or {})
+        meta[workflows.META_KEY] = {"id": self.id, "name": self.name, "step": name}
+        return build(worker, args, **{**options, "meta": meta, "depends_on": parent_ids or None})
+
+    def _levels(self) -> list[list[str]]:
+        if not self._steps:
+            raise ValidationError("workflow", "has no steps; add some with .add(...)")
+        return workflows.levels(self._after)
+
+    def enqueue(
+        self,
+        *,
+        conn: psycopg.Connection[Any] | None = None,
+        database_url: str | None = None,
+        schema: str | None = None,
+    ) -> dict[str, Job]:
+        """Insert every step in one transaction (the caller's, with `conn=`); the jobs by
+        step name."""
+        levels = self._levels()
+        name, url = enqueuing._target(schema, database_url, conn)
+        if enqueuing.interceptor is not None:
+            return self._insert(levels, enqueuing.interceptor.record)
+        if conn is not None:
+            if inserts._caller_commits(conn):
+                return self._insert(levels, self._writer(conn, name))
+            with conn.transaction():
+                return self._insert(levels, self._writer(conn, name))
+        assert url is not None
+        with database.sync_pool(url).connection() as c, c.transaction():
+            return self._insert(levels, self._writer(c, name))
+
+    @staticmethod
+    def _writer(conn: psycopg.Connection[Any], schema: str) -> Any:
+        def write(specs: list[JobSpec]) -> list[Job]:
+            return inserts.insert(conn, specs, schema=schema, source="enqueue_many").jobs
+
+        return write
+
+    def _insert(self, levels: list[list[str]], write: Any) -> dict[str, Job]:
+        jobs: dict[str, Job] = {}
+        for level in levels:
+            specs = [self._spec(n, [jobs[p].id for p in self._after[n]]) for n in level]
+            jobs.update(zip(level, self._written(specs, write(specs)), strict=True))
+        return jobs
+
+    @staticmethod
+    def _written(specs: list[JobSpec], jobs: list[Job]) -> list[Job]:
+        if len(jobs) != len(specs):  # an insert hook dropped one: its children would dangle
+            raise ValidationError(
+                "workflow", "an insert hook refused one of its steps; nothing was written"
+            )
+        return jobs
+
+    async def aenqueue(
+        self,
+        *,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+        database_url: str | None = None,
+        schema: str | None = None,
+    ) -> dict[str, Job]:
+        """`enqueue` for asyncio; `conn=` takes a psycopg AsyncConnection."""
+        levels = self._levels()
+        name, url = enqueuing._target(schema, database_url, conn)
+        if enqueuing.interceptor is not None:
+            jobs: dict[str, Job] = {}
+            for level in levels:
+                specs = [self._spec(n, [jobs[p].id for p in self._after[n]]) for n in level]
+                recorded = await enqueuing.interceptor.arecord(specs)
+                jobs.update(zip(level, self._written(specs, recorded), strict=True))
+            return jobs
+        if conn is not None:
+            if inserts._caller_commits(conn):
+                return await self._ainsert(conn, name, levels)
+            async with conn.transaction():
+                return await self._ainsert(conn, name, levels)
+        assert url is not None
+        pool = await database.async_pool(url)
+        async with pool.connection() as c, c.transaction():
+            return await self._ainsert(c, name, levels)
+
+    async def _ainsert(
+        self, conn: psycopg.AsyncConnection[Any], schema: str, levels: list[list[str]]
+    ) -> dict[str, Job]:
+        jobs: dict[str, Job] = {}
+        for level in levels:
+            specs = [self._spec(n, [jobs[p].id for p in self._after[n]]) for n in level]
+            written = await inserts.ainsert(conn, specs, schema=schema, source="enqueue_many")
+            jobs.update(zip(level, self._written(specs, written.jobs), strict=True))
+        return jobs
+
+    def __repr__(self) -> str:
+        return f"<Workflow {self.name or self.id} with steps {list(self._steps)}>"
+
+
+def workflow(name: str | None = None) -> Workflow:
+    """A new, empty workflow; `name` is shown by `shigoto status`."""
+    return Workflow(name)

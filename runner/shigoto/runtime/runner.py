@@ -49,6 +49,7 @@ from shigoto.runtime.executor import (
 from shigoto.runtime.limiter import Limiter, count_busy, lock_scope, scope_key
 from shigoto.runtime.middleware import (
     GlobalLimits,
+    ParentResults,
     PrepareWorker,
     ProgressWriter,
     StuckThreadsGuard,
@@ -252,7 +253,7 @@ class Runner:
         )  # fmt: skip
         self._execute_chain = chain(
             [PrepareWorker(self._resolver), self.limits, StuckThreadsGuard(self._check_stuck),
-             self.progress],
+             self.progress, ParentResults(lambda: self._pool, self.stmts, self.node)],
             self._run_job,
         )  # fmt: skip
         heartbeat = Heartbeat(pool, self.stmts, self.node, lambda: dict(self.queues),

@@ -18,12 +18,14 @@ Each job's meta gets `{"workflow": {"id", "name", "step"}}`, which `shigoto stat
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 import psycopg
 
+from shigoto import telemetry
 from shigoto.client import enqueuing
 from shigoto.db import database, inserts
 from shigoto.errors import ValidationError
@@ -104,7 +106,27 @@ class Workflow:
     ) -> dict[str, Job]:
         """Insert every step in one transaction (the caller's, with `conn=`); the jobs by
         step name."""
+        started = time.monotonic()
         levels = self._levels()
+        jobs = self._enqueue(levels, conn, database_url, schema)
+        self._emit(levels, jobs, started)
+        return jobs
+
+    def _emit(self, levels: list[list[str]], jobs: dict[str, Job], started: float) -> None:
+        telemetry.emit(
+            "workflow.enqueue",
+            {"count": len(jobs), "levels": len(levels), "duration": time.monotonic() - started},
+            {"workflow_id": self.id, "name": self.name,
+             "job_ids": {name: job.id for name, job in jobs.items()}},
+        )  # fmt: skip
+
+    def _enqueue(
+        self,
+        levels: list[list[str]],
+        conn: psycopg.Connection[Any] | None,
+        database_url: str | None,
+        schema: str | None,
+    ) -> dict[str, Job]:
         name, url = enqueuing._target(schema, database_url, conn)
         if enqueuing.interceptor is not None:
             return self._insert(levels, enqueuing.interceptor.record)
@@ -147,7 +169,19 @@ class Workflow:
         schema: str | None = None,
     ) -> dict[str, Job]:
         """`enqueue` for asyncio; `conn=` takes a psycopg AsyncConnection."""
+        started = time.monotonic()
         levels = self._levels()
+        jobs = await self._aenqueue(levels, conn, database_url, schema)
+        self._emit(levels, jobs, started)
+        return jobs
+
+    async def _aenqueue(
+        self,
+        levels: list[list[str]],
+        conn: psycopg.AsyncConnection[Any] | None,
+        database_url: str | None,
+        schema: str | None,
+    ) -> dict[str, Job]:
         name, url = enqueuing._target(schema, database_url, conn)
         if enqueuing.interceptor is not None:
             jobs: dict[str, Job] = {}

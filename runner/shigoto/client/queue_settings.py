@@ -1,17 +1,21 @@
-"""Per-queue settings every runner must agree on (global limit, paused), kept in the database.
+"""Per-queue settings every runner must agree on (global limit, paused, dead-letter forwarding),
+kept in the database.
 
 A runner's own `global_concurrency` option is written here at start; afterwards each runner
 re-reads the table every few seconds, so a change made anywhere (another runner, the operator,
-plain SQL) reaches all of them without a restart.
+plain SQL) reaches all of them without a restart. `forward` needs no re-reading at all: the
+trigger that forwards a job reads it in the transaction that finishes the job.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from shigoto import config, telemetry
@@ -19,6 +23,7 @@ from shigoto._service import Service
 from shigoto.db import database, ops_statements, steps
 from shigoto.db.steps import Steps
 from shigoto.errors import ValidationError
+from shigoto.relations import forwarding
 
 
 def _stmt(template: str, schema: str) -> sql.Composed:
@@ -38,26 +43,52 @@ class QueueSetting:
     paused: bool = False
 
 
-def _checked(name: str, global_concurrency: int | _Unset | None) -> None:
+#: What `forward` is given as: a mapping of state to target queue (None: not forwarded).
+Forward = Mapping[str, str | None]
+
+
+def _checked(
+    name: str,
+    global_concurrency: int | _Unset | None,
+    forward: Forward | _Unset | None = UNSET,
+) -> dict[str, str] | _Unset | None:
+    """Reject bad input before anything is written; returns `forward` as it will be stored."""
     problem = config.queue_name_problem(name)
     if problem:
         raise ValidationError("queue", problem)
-    if isinstance(global_concurrency, _Unset) or global_concurrency is None:
-        return
-    if isinstance(global_concurrency, bool) or not isinstance(global_concurrency, int) or (
-        global_concurrency < 1
+    if not (isinstance(global_concurrency, _Unset) or global_concurrency is None) and (
+        isinstance(global_concurrency, bool)
+        or not isinstance(global_concurrency, int)
+        or global_concurrency < 1
     ):
         raise ValidationError("global_concurrency", "must be a whole number >= 1 or None")
+    if isinstance(forward, _Unset):
+        return forward
+    return forwarding.normalise(name, forward)
 
 
 def _write_steps(
-    name: str, schema: str, global_concurrency: int | _Unset | None, paused: bool | None
-) -> Steps[None]:
-    """Store the given settings of `name`; UNSET / None leave a setting as it is."""
+    name: str,
+    schema: str,
+    global_concurrency: int | _Unset | None,
+    paused: bool | None,
+    forward: dict[str, str] | _Unset | None = UNSET,
+) -> Steps[bool]:
+    """Store the given settings of `name`; UNSET / None leave a setting as it is (for
+    `forward`, None turns forwarding off). Returns whether `forward` changed."""
     if not isinstance(global_concurrency, _Unset):
         yield _stmt(ops_statements.SET_LIMIT, schema), {"name": name, "limit": global_concurrency}
     if paused is not None:
         yield _stmt(ops_statements.SET_PAUSED, schema), {"name": name, "paused": bool(paused)}
+    if isinstance(forward, _Unset):
+        return False
+    if forward is None:
+        done = yield _stmt(ops_statements.CLEAR_FORWARD, schema), {"name": name}
+    else:
+        done = yield _stmt(ops_statements.SET_FORWARD, schema), {
+            "name": name, "forward": Jsonb(forward)
+        }  # fmt: skip
+    return bool(done.rows)
 
 
 async def write_limits(
@@ -74,10 +105,22 @@ async def write_settings(
     *,
     paused: bool,
     global_concurrency: int | None,
-) -> None:
-    """Store both shared settings of `name` on the caller's connection (the operator's
-    per-database pool), as `set_queue` does through the client's pool."""
-    await steps.arun(conn, _write_steps(name, schema, global_concurrency, paused))
+    forward: Forward | _Unset | None = UNSET,
+) -> bool:
+    """Store the shared settings of `name` on the caller's connection (the operator's
+    per-database pool), as `set_queue` does through the client's pool. `forward` is written
+    only where it differs from what is stored; returns whether it did differ."""
+    stored = _checked(name, global_concurrency, forward)
+    return await steps.arun(conn, _write_steps(name, schema, global_concurrency, paused, stored))
+
+
+async def write_forward(
+    conn: psycopg.AsyncConnection, schema: str, name: str, forward: Forward | None
+) -> bool:
+    """Store only the `forward` setting of `name` (written only where it differs); returns
+    whether it changed. The operator runs it on every pass, so drift in the database closes."""
+    stored = _checked(name, UNSET, forward)
+    return await steps.arun(conn, _write_steps(name, schema, UNSET, None, stored))
 
 
 def set_queue(
@@ -85,14 +128,26 @@ def set_queue(
     *,
     global_concurrency: int | _Unset | None = UNSET,
     paused: bool | None = None,
+    forward: Forward | _Unset | None = UNSET,
     database_url: str | None = None,
     schema: str | None = None,
 ) -> None:
-    """Change a queue's shared settings; runners pick the change up within seconds."""
-    _checked(name, global_concurrency)
-    work = _write_steps(name, config.schema(schema), global_concurrency, paused)
-    with database.sync_pool(config.database_url(database_url)).connection() as conn:
-        steps.run(conn, work)
+    """Change a queue's shared settings; runners pick the change up within seconds.
+
+    `forward={"discarded": "payments-dead", "cancelled": None}` replaces the queue's
+    dead-letter forwarding: every job entering a named state is copied, in the same
+    transaction, into that queue (see shigoto.relations.forwarding); a state left out or None
+    is not forwarded, and `forward=None` turns forwarding off. Left out, it stays as it is.
+    All settings are written in one transaction: bad input raises ValidationError naming the
+    field, and nothing is written. Emits `queue.forward` when `forward` changed.
+    """
+    stored = _checked(name, global_concurrency, forward)
+    work = _write_steps(name, config.schema(schema), global_concurrency, paused, stored)
+    pool = database.sync_pool(config.database_url(database_url))
+    with pool.connection() as conn, conn.transaction():
+        changed = steps.run(conn, work)
+    if changed:
+        _forward_event(name, stored, schema)
 
 
 async def aset_queue(
@@ -100,15 +155,23 @@ async def aset_queue(
     *,
     global_concurrency: int | _Unset | None = UNSET,
     paused: bool | None = None,
+    forward: Forward | _Unset | None = UNSET,
     database_url: str | None = None,
     schema: str | None = None,
 ) -> None:
     """`set_queue` for asyncio: the same statements on an async connection."""
-    _checked(name, global_concurrency)
-    work = _write_steps(name, config.schema(schema), global_concurrency, paused)
+    stored = _checked(name, global_concurrency, forward)
+    work = _write_steps(name, config.schema(schema), global_concurrency, paused, stored)
     pool = await database.async_pool(config.database_url(database_url))
-    async with pool.connection() as conn:
-        await steps.arun(conn, work)
+    async with pool.connection() as conn, conn.transaction():
+        changed = await steps.arun(conn, work)
+    if changed:
+        _forward_event(name, stored, schema)
+
+
+def _forward_event(name: str, forward: Any, schema: str | None) -> None:
+    telemetry.emit("queue.forward", {}, {"queue": name, "schema": config.schema(schema),
+                                         "forward": dict(forward or {})})  # fmt: skip
 
 
 def _paused_event(name: str, paused: bool, schema: str | None) -> None:

@@ -93,6 +93,23 @@ INSERT INTO {queues} (name, paused) VALUES (%(name)s, %(paused)s)
 ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()
 """
 
+# Dead-letter forwarding (shigoto.relations.forwarding): the whole setting is replaced. Written
+# only when it differs, and RETURNING says whether it did, so the operator can run it on every
+# pass (closing drift made in the database) and report a change only when there was one.
+SET_FORWARD = """
+INSERT INTO {queues} AS q (name, forward) VALUES (%(name)s, %(forward)s)
+ON CONFLICT (name) DO UPDATE SET forward = excluded.forward, updated_at = now()
+    WHERE q.forward IS DISTINCT FROM excluded.forward
+RETURNING q.name
+"""
+
+# Turning forwarding off creates no settings row for a queue that has none.
+CLEAR_FORWARD = """
+UPDATE {queues} SET forward = NULL, updated_at = now()
+WHERE name = %(name)s AND forward IS NOT NULL
+RETURNING name
+"""
+
 WAITING_STATES = (JobState.AVAILABLE, JobState.SCHEDULED, JobState.RETRYABLE)
 
 # shigoto.testing's assertions: the jobs still waiting to run, oldest first.

@@ -1,0 +1,74 @@
+"""Dead-letter forwarding: the rule for a queue's `forward` setting, checked before it is written.
+
+A queue's `forward` maps a final failure state (`discarded`, `cancelled`) to another queue. The
+forwarding itself is not here: a trigger of migration 0011 inserts the copy in the transaction
+that moves a job into the state, whichever code path moves it (the completer, `cancel_by`, the
+rescuer, a workflow cascade), so a runner killed at any point leaves both rows or neither, and
+runners, the CLI and the operator all read the one setting in `shigoto_queues`.
+
+The copy has the original's worker and args, the target queue, attempt 0, state `available`, and
+`meta["forwarded_from"] = {"id", "queue", "state", "errors", "result"}`. Loops stop by rule:
+`meta["forward_chain"]` lists the queues a job has been forwarded out of, and a job is never
+forwarded into one of them, so a chain of dead-letter queues works while a cycle ends after
+one round.
+
+The database checks the same rule (a CHECK constraint of 0011), so a hand-written row cannot
+break it either; this module exists to reject bad input with a ValidationError that names the
+field and says how to fix it, before anything is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shigoto import config
+from shigoto.errors import ValidationError
+from shigoto.job import JobState
+
+#: The states whose jobs may be forwarded: the final failures. A completed job is a success and
+#: has nothing to hand on.
+FORWARDABLE_STATES: tuple[str, ...] = (JobState.DISCARDED.value, JobState.CANCELLED.value)
+
+#: meta key of a forwarded job: where it came from.
+FORWARDED_FROM = "forwarded_from"
+#: meta key of a forwarded job: every queue it has been forwarded out of, oldest first.
+FORWARD_CHAIN = "forward_chain"
+
+
+def normalise(queue: str, forward: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """The `forward` setting of `queue` as stored: the states that are forwarded and their
+    target queues, or None when nothing is (`None`, `{}`, or every target None).
+
+    Bad input raises ValidationError naming the field (`forward` or `forward.<state>`): an
+    unknown state, a target that is not a queue name, or the queue itself as its own target.
+    """
+    if forward is None:
+        return None
+    if not isinstance(forward, Mapping):
+        raise ValidationError(
+            "forward",
+            f"must be a mapping of state to queue such as {{'discarded': '{queue}-dead'}}, or "
+            f"None to stop forwarding; got {type(forward).__name__}",
+        )
+    out: dict[str, str] = {}
+    for state, target in forward.items():
+        if state not in FORWARDABLE_STATES:
+            raise ValidationError(
+                f"forward.{state}",
+                f"only the final failure states {' and '.join(FORWARDABLE_STATES)} can be "
+                f"forwarded; {state!r} is not one of them",
+            )
+        if target is None:
+            continue  # this state is not forwarded
+        problem = config.queue_name_problem(target)
+        if problem:
+            raise ValidationError(f"forward.{state}", f"the target queue {problem}")
+        if target == queue:
+            raise ValidationError(
+                f"forward.{state}",
+                f"{queue!r} cannot forward to itself; name another queue, such as "
+                f"'{queue}-dead', or None to keep {state} jobs where they are",
+            )
+        out[str(state)] = target
+    return out or None

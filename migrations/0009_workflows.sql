@@ -15,9 +15,12 @@
 ALTER TABLE shigoto_jobs ADD COLUMN IF NOT EXISTS has_dependents boolean NOT NULL DEFAULT false;
 
 -- Finds the waiting children of a parent (depends_on @> ARRAY[parent]); only waiting rows are
--- indexed, so the index stays as small as the set of jobs waiting right now.
+-- indexed, so the index stays as small as the set of jobs waiting right now. fastupdate off:
+-- children are looked up right after they are inserted, and a pending list (up to 4 MB until
+-- the next vacuum) would be scanned by every lookup.
 CREATE INDEX IF NOT EXISTS shigoto_jobs_waiting_children_idx ON shigoto_jobs
-    USING gin (depends_on) WHERE state = 'scheduled' AND depends_on IS NOT NULL;
+    USING gin (depends_on) WITH (fastupdate = off)
+    WHERE state = 'scheduled' AND depends_on IS NOT NULL;
 
 -- The error entry a child cancelled because of its parent carries (the CONTRACT's shape).
 CREATE OR REPLACE FUNCTION shigoto_parent_failed_error(attempt integer, parent bigint,
@@ -36,7 +39,7 @@ $$;
 -- 'cancel'; waiting if a parent is still live (and that parent flagged); else as inserted.
 -- Parents already pruned to the archive are finished by definition.
 CREATE OR REPLACE FUNCTION shigoto_workflow_admit() RETURNS trigger
-LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql SET search_path FROM CURRENT SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     live bigint[];
     failed_id bigint;
@@ -81,34 +84,43 @@ CREATE TRIGGER shigoto_jobs_workflow_admit
     FOR EACH ROW WHEN (NEW.depends_on IS NOT NULL)
     EXECUTE FUNCTION shigoto_workflow_admit();
 
--- AFTER a parent's final transition: each waiting child is locked (in id order), then either
--- cancelled (a failed parent, policy 'cancel'; its own trigger cascades to its children) or,
--- once none of its parents is live any more, released and its queue woken. The check of the
--- other parents is a statement after the child's lock, so it reads a fresh snapshot: of two
--- parents finishing at once in two transactions, the second to take the lock sees the first.
+-- AFTER a parent's final transition: its waiting children are locked (in id order), then, as
+-- two set-based statements, cancelled (a failed parent and policy 'cancel'; each one's own
+-- trigger cascades to its children) or, when none of their parents is live any more, released
+-- and their queues woken. The release is a statement after the lock, so its snapshot is fresh:
+-- of two parents finishing at once in two transactions, the second to lock sees the first.
 CREATE OR REPLACE FUNCTION shigoto_workflow_resolve() RETURNS trigger
-LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql SET search_path FROM CURRENT SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    child record;
+    woken text;
 BEGIN
-    FOR child IN
-        SELECT id, queue, attempt, depends_on, on_parent_failure FROM shigoto_jobs
+    PERFORM 1 FROM shigoto_jobs
+    WHERE depends_on @> ARRAY[NEW.id] AND state = 'scheduled' AND depends_on IS NOT NULL
+      AND scheduled_at = '9999-12-31 00:00:00+00'
+    ORDER BY id FOR NO KEY UPDATE;
+    IF NEW.state <> 'completed' THEN
+        UPDATE shigoto_jobs
+        SET state = 'cancelled', finished_at = now(),
+            errors = errors || shigoto_parent_failed_error(attempt, NEW.id, NEW.state)
         WHERE depends_on @> ARRAY[NEW.id] AND state = 'scheduled' AND depends_on IS NOT NULL
           AND scheduled_at = '9999-12-31 00:00:00+00'
-        ORDER BY id FOR NO KEY UPDATE
+          AND coalesce(on_parent_failure, 'cancel') = 'cancel';
+    END IF;
+    FOR woken IN
+        WITH released AS (
+            UPDATE shigoto_jobs AS c SET state = 'available', scheduled_at = now()
+            WHERE c.depends_on @> ARRAY[NEW.id] AND c.state = 'scheduled'
+              AND c.depends_on IS NOT NULL AND c.scheduled_at = '9999-12-31 00:00:00+00'
+              -- A scalar subquery, run per child by primary key: as NOT EXISTS the planner
+              -- may turn it into an anti-join that reads the whole table.
+              AND NOT coalesce((SELECT bool_or(p.state NOT IN ('completed', 'discarded',
+                                                               'cancelled'))
+                                FROM shigoto_jobs AS p WHERE p.id = ANY(c.depends_on)), false)
+            RETURNING c.queue
+        )
+        SELECT DISTINCT queue FROM released
     LOOP
-        IF NEW.state <> 'completed' AND coalesce(child.on_parent_failure, 'cancel') = 'cancel'
-        THEN
-            UPDATE shigoto_jobs
-            SET state = 'cancelled', finished_at = now(),
-                errors = errors || shigoto_parent_failed_error(child.attempt, NEW.id, NEW.state)
-            WHERE id = child.id;
-        ELSIF NOT EXISTS (SELECT 1 FROM shigoto_jobs WHERE id = ANY(child.depends_on)
-                          AND state NOT IN ('completed', 'discarded', 'cancelled')) THEN
-            UPDATE shigoto_jobs SET state = 'available', scheduled_at = now()
-            WHERE id = child.id;
-            PERFORM pg_notify('shigoto_insert', current_schema() || '.' || child.queue);
-        END IF;
+        PERFORM pg_notify('shigoto_insert', current_schema() || '.' || woken);
     END LOOP;
     RETURN NULL;
 END

@@ -72,7 +72,7 @@ def _round(conn: psycopg.Connection[Any], parents: int) -> dict[str, float]:
             _children(conn, [[p] for p in ids])
         elif kind == "join_of_two":
             _children(conn, [ids[i:i + 2] for i in range(0, len(ids), 2)])
-        conn.execute("VACUUM ANALYZE shigoto_jobs")
+        conn.execute("ANALYZE shigoto_jobs")
         out[kind] = _finish_all(conn, ids)
         waiting = conn.execute(
             "SELECT count(*) FROM shigoto_jobs WHERE worker = 'bench.child' "

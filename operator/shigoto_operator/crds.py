@@ -70,6 +70,10 @@ MAX_QUEUE_OBJECT_NAME = 63 - len(RUNNER_PREFIX)
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
+#: The job states a queue may forward (shigoto.relations.forwarding.FORWARDABLE_STATES; not
+#: imported, to keep this module pure): the final failures only.
+FORWARD_STATES = ("discarded", "cancelled")
+
 
 # --- building blocks ---------------------------------------------------------------------------
 
@@ -207,6 +211,24 @@ QUEUE_SCHEMA: dict[str, Any] = {
             minimum=1,
         ),
         "paused": _boolean("Stop claiming new jobs; running jobs finish.", default=False),
+        "forward": {
+            "type": "object",
+            "description": "Dead-letter forwarding: every job of this queue entering a listed "
+            "state is copied, in the same transaction, into the named queue (same worker and "
+            "args, attempt 0, meta.forwarded_from naming the original). A state left out is "
+            "not forwarded; leave the whole field out to forward nothing.",
+            # Fixed keys rather than a map: unknown states are then rejected by the schema
+            # itself (strict field validation), no rule needed.
+            "properties": {
+                state: _string(
+                    f"Queue that receives the jobs entering {state}; not this queue itself.",
+                    pattern=QUEUE_NAME_PATTERN,
+                    minLength=1,
+                    maxLength=MAX_QUEUE_NAME,
+                )
+                for state in FORWARD_STATES
+            },
+        },
         "database": _database(),
         "runner": {
             "type": "object",
@@ -433,6 +455,25 @@ _CRON_COLUMNS: list[dict[str, Any]] = [
 # --- the CRDs ----------------------------------------------------------------------------------
 
 
+#: Rules on the whole Queue object, because they need `metadata.name` (the default of
+#: queueName), which only a rule at the root may read. Every branch is guarded by has(): the
+#: rule must hold on partial objects, and a string compared with a string is all it does.
+_QUEUE_NAME_EXPR = "(has(self.spec.queueName) ? self.spec.queueName : self.metadata.name)"
+QUEUE_ROOT_VALIDATIONS: list[dict[str, Any]] = [
+    {
+        "rule": "!has(self.spec) || !has(self.spec.forward) || ("
+        + " && ".join(
+            f"(!has(self.spec.forward.{state}) || "
+            f"self.spec.forward.{state} != {_QUEUE_NAME_EXPR})"
+            for state in FORWARD_STATES
+        )
+        + ")",
+        "message": "spec.forward: a queue cannot forward to itself (spec.queueName, which "
+        "defaults to metadata.name); name another queue, such as <queue>-dead",
+    }
+]
+
+
 def _crd(
     *,
     kind: str,
@@ -443,6 +484,7 @@ def _crd(
     status: dict[str, Any],
     columns: list[dict[str, Any]],
     metadata: dict[str, Any] | None = None,
+    validations: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     properties: dict[str, Any] = {
         "apiVersion": {"type": "string"},
@@ -451,6 +493,14 @@ def _crd(
         "spec": spec,
         "status": status,
     }
+    root: dict[str, Any] = {
+        "type": "object",
+        "description": description,
+        "required": ["spec"],
+        "properties": properties,
+    }
+    if validations:
+        root["x-kubernetes-validations"] = validations
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -476,14 +526,7 @@ def _crd(
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": columns,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": description,
-                            "required": ["spec"],
-                            "properties": properties,
-                        }
-                    },
+                    "schema": {"openAPIV3Schema": root},
                 }
             ],
         },
@@ -508,6 +551,7 @@ def queue_crd() -> dict[str, Any]:
                     "name": {"type": "string", "maxLength": MAX_QUEUE_OBJECT_NAME},
                 },
             },
+            validations=QUEUE_ROOT_VALIDATIONS,
         )
     )
 

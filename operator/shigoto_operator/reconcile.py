@@ -197,32 +197,49 @@ async def _read_database(
 async def _apply_settings(
     spec: QueueSpec, db: Database, reading: Reading, emit: Emit
 ) -> Problem | None:
-    """Make the queue's shared settings (paused, global limit) in the database say what the
-    spec says; running runners pick a change up within seconds. Written through the
-    database's own pool, which goes when the last object using the database does."""
+    """Make the queue's shared settings (paused, global limit, dead-letter forwarding) in the
+    database say what the spec says; running runners pick a change up within seconds, and the
+    forwarding trigger reads `forward` in each finishing transaction. Written through the
+    database's own pool, which goes when the last object using the database does.
+
+    The counts reading carries paused and the limit, so those are written only when they
+    differ; `forward` is not in it, so it is written on every pass by a statement that changes
+    the row only when it differs (and says whether it did): drift closes on the next poll and
+    an Event reports only real changes."""
     wanted = (spec.paused, spec.global_concurrency)
-    if reading.paused is not None and (reading.paused, reading.global_concurrency) == wanted:
-        return None
+    limits_differ = reading.paused is None or (reading.paused, reading.global_concurrency) != wanted
+    forward = dict(spec.forward) if spec.forward else None
     try:
         async with db.pool.connection(timeout=QUERY_TIMEOUT) as conn:
-            await asyncio.wait_for(
-                queue_settings.write_settings(
+            if limits_differ:
+                write = queue_settings.write_settings(
                     conn,
                     spec.database.schema,
                     spec.queue_name,
                     paused=spec.paused,
                     global_concurrency=spec.global_concurrency,
-                ),
-                QUERY_TIMEOUT,
-            )
+                    forward=forward,
+                )
+            else:
+                write = queue_settings.write_forward(
+                    conn, spec.database.schema, spec.queue_name, forward
+                )
+            forward_changed = await asyncio.wait_for(write, QUERY_TIMEOUT)
     except _DB_ERRORS as exc:
         return Problem("DatabaseUnreachable", f"{db.name}: writing queue settings: {exc}")
-    limit = spec.global_concurrency if spec.global_concurrency is not None else "none"
-    emit(
-        "Normal",
-        "SettingsApplied",
-        f"queue {spec.queue_name}: paused={str(spec.paused).lower()}, globalConcurrency={limit}",
-    )
+    except ValidationError as exc:  # parse_queue checked it already; a guard, not a path
+        return Problem("InvalidSpec", f"spec.{exc.field}: {exc.message}", reachable=True)
+    if limits_differ:
+        limit = spec.global_concurrency if spec.global_concurrency is not None else "none"
+        emit(
+            "Normal",
+            "SettingsApplied",
+            f"queue {spec.queue_name}: paused={str(spec.paused).lower()}, "
+            f"globalConcurrency={limit}",
+        )
+    if forward_changed:
+        described = ", ".join(f"{k} -> {v}" for k, v in (forward or {}).items()) or "none"
+        emit("Normal", "ForwardApplied", f"queue {spec.queue_name}: forward {described}")
     return None
 
 

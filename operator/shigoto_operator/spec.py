@@ -102,6 +102,9 @@ class QueueSpec:
     global_concurrency: int | None = None
     paused: bool = False
     autoscaling: AutoscalingSpec = AutoscalingSpec()
+    #: Dead-letter forwarding, state -> target queue (only the states that are forwarded);
+    #: None when nothing is. Written to the queue's settings as `shigoto.set_queue(forward=)`.
+    forward: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -316,6 +319,33 @@ def _autoscaling(value: Any) -> AutoscalingSpec:
     )
 
 
+def _forward(value: Any, queue_name: str) -> dict[str, str] | None:
+    """`forward` as the database stores it: the forwarded states only, None when empty. The
+    same rules as the CRD schema, its root rule and `shigoto.relations.forwarding`."""
+    f = _object(value, "forward")
+    unknown = sorted(set(f) - set(crds.FORWARD_STATES))
+    if unknown:
+        raise SpecError(
+            f"forward.{unknown[0]}",
+            f"only {' and '.join(crds.FORWARD_STATES)} jobs can be forwarded",
+        )
+    out = {}
+    for state in crds.FORWARD_STATES:
+        target = _string(
+            f.get(state), f"forward.{state}", pattern=_QUEUE_NAME, max_length=crds.MAX_QUEUE_NAME
+        )
+        if target is None:
+            continue
+        if target == queue_name:
+            raise SpecError(
+                f"forward.{state}",
+                f"the queue {queue_name!r} cannot forward to itself; name another queue, such "
+                f"as {queue_name}-dead",
+            )
+        out[state] = target
+    return out or None
+
+
 # --- the two kinds ---------------------------------------------------------------------------
 
 
@@ -350,6 +380,7 @@ def parse_queue(name: str, namespace: str, spec: Mapping[str, Any] | None) -> Qu
         database=_database(s.get("database")),
         runner=_runner(s.get("runner")),
         autoscaling=_autoscaling(s.get("autoscaling")),
+        forward=_forward(s.get("forward"), queue_name),
     )
 
 

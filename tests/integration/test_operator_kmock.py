@@ -193,6 +193,55 @@ async def test_queue_lifecycle(kmock: Any, db_url: str, conn: psycopg.Connection
         )
 
 
+async def test_queue_forward_is_written_to_the_queue_settings(
+    kmock: Any, db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    """spec.forward reaches shigoto_queues.forward (where the forwarding trigger reads it),
+    follows spec changes, has drift made in the database undone, and is cleared with the
+    field; a job cancelled meanwhile is forwarded by the setting the operator wrote."""
+
+    def stored() -> Any:
+        found = conn.execute("SELECT forward FROM shigoto_queues WHERE name = 'mail'").fetchone()
+        return None if found is None else found[0]
+
+    async with running_operator(kmock) as cluster:
+        cluster.add_secret("pg", {"url": db_url})
+        await cluster.create(
+            k8s.QUEUES, QUEUE, "fwd", queue_spec(forward={"discarded": "mail-dead"})
+        )
+        await eventually(
+            lambda: _value(stored() == {"discarded": "mail-dead"}), message="forward written"
+        )
+
+        await cluster.patch_spec(
+            k8s.QUEUES, "fwd", {"forward": {"discarded": None, "cancelled": "mail-cancelled"}}
+        )
+        await eventually(
+            lambda: _value(stored() == {"cancelled": "mail-cancelled"}), message="forward changed"
+        )
+        job = shigoto.enqueue("shop.workers.send", {"n": 1}, queue="mail")
+        shigoto.cancel_by(ids=[job.id])
+        copy = conn.execute(
+            "SELECT queue, meta -> 'forwarded_from' ->> 'state' FROM shigoto_jobs "
+            "WHERE meta -> 'forwarded_from' ->> 'id' = %s::text",
+            (job.id,),
+        ).fetchone()
+        assert copy == ("mail-cancelled", "cancelled")
+
+        # drift: someone rewrites the setting in the database -> put back on the next pass
+        conn.execute(
+            "UPDATE shigoto_queues SET forward = '{\"discarded\": \"elsewhere\"}' "
+            "WHERE name = 'mail'"
+        )
+        await eventually(
+            lambda: _value(stored() == {"cancelled": "mail-cancelled"}), message="drift undone"
+        )
+
+        await cluster.patch_spec(k8s.QUEUES, "fwd", {"forward": None})
+        await eventually(lambda: _value(stored() is None), message="forward cleared")
+        assert "ForwardApplied" in cluster.event_reasons()
+
+
 async def test_template_drift_is_corrected(kmock: Any, db_url: str) -> None:
     async with running_operator(kmock) as cluster:
         cluster.add_secret("pg", {"url": db_url})

@@ -591,6 +591,7 @@ MIN_MAX = (
     "self.minReplicas <= self.maxReplicas @ .spec.autoscaling"
 )
 DB = {"secretRef": {"name": "db"}}
+FORWARD_SELF = f"cel: {crds.QUEUE_ROOT_VALIDATIONS[0]['rule']} @ "
 
 #: (id, object, "<rejected by>: <rule> @ <path>"): each row fails one rule, and only that one.
 BAD = [
@@ -636,6 +637,17 @@ BAD = [
     ("queue-min-above-max", _queue(**AS), MIN_MAX),
     # maxReplicas left out: its default (10) is what minReplicas is compared with
     ("queue-min-above-default-max", _queue(autoscaling={"minReplicas": 11}), MIN_MAX),
+    ("queue-forward-completed", _queue(forward={"completed": "done"}),
+     "schema: additionalProperties @ spec.forward"),
+    ("queue-forward-bad-name", _queue(forward={"discarded": "two words"}),
+     "schema: pattern @ spec.forward.discarded"),
+    ("queue-forward-long-name", _queue(forward={"cancelled": "q" * 129}),
+     "schema: maxLength @ spec.forward.cancelled"),
+    ("queue-forward-list", _queue(forward=["q-dead"]), "schema: type @ spec.forward"),
+    # metadata.name is q, which is the queue's name while queueName is left out
+    ("queue-forward-to-itself-by-default", _queue(forward={"discarded": "q"}), FORWARD_SELF),
+    ("queue-forward-to-itself", _queue(queueName="mail", forward={"cancelled": "mail"}),
+     FORWARD_SELF),
     ("cron-no-schedule", _without(_cron(), "spec", "schedule"), "schema: required @ spec"),
     ("cron-four-fields", _cron(schedule="* * * *"), "schema: pattern @ spec.schedule"),
     ("cron-six-fields", _cron(schedule="0 0 3 * * *"), "schema: pattern @ spec.schedule"),
@@ -692,6 +704,18 @@ def test_cron_shapes_the_schema_accepts_are_the_runners_shapes() -> None:
     cronspec = pytest.importorskip("shigoto.cron.expression")
     for schedule in ["*/5 * * * *", "0 3 * * *", "0 0 1 JAN MON-FRI", "@hourly", "@annually"]:
         cronspec.parse(schedule, "UTC")
+
+
+def test_forwarding_to_other_queues_is_fine() -> None:
+    """The self-forwarding rule compares with queueName when given, else metadata.name."""
+    assert admit(_queue(forward={"discarded": "q-dead", "cancelled": "q-cancelled"}))[1] == []
+    assert admit(_queue(queueName="mail", forward={"discarded": "q"}))[1] == []
+    assert admit(_queue(forward={}))[1] == []
+
+
+def test_forward_self_message_says_how_to_fix() -> None:
+    _, [rejection] = admit(_queue(forward={"discarded": "q"}))
+    assert "spec.forward" in rejection.message and "-dead" in rejection.message
 
 
 def test_equal_min_and_max_is_fine() -> None:

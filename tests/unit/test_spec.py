@@ -50,6 +50,7 @@ def test_minimal_queue_gets_every_default() -> None:
     assert q.runner.shutdown_timeout_seconds == 15
     assert q.runner.health_port == 8000
     assert q.runner.imports == ()
+    assert q.forward is None
     assert q.autoscaling == AutoscalingSpec(
         mode="operator",
         min_replicas=0,
@@ -182,6 +183,17 @@ def test_parsed_spec_does_not_share_mutable_state_with_the_input() -> None:
             "spec.autoscaling.pollIntervalSeconds",
             "from 1",
         ),
+        (queue_spec(forward=["q-dead"]), "spec.forward", "must be an object"),
+        (queue_spec(forward={"completed": "done"}), "spec.forward.completed", "discarded and"),
+        (queue_spec(forward={"discarded": "two words"}), "spec.forward.discarded", "not match"),
+        (queue_spec(forward={"cancelled": 5}), "spec.forward.cancelled", "must be a string"),
+        # q is metadata.name, hence the queue name by default
+        (queue_spec(forward={"discarded": "q"}), "spec.forward.discarded", "q-dead"),
+        (
+            queue_spec(queueName="mail", forward={"cancelled": "mail"}),
+            "spec.forward.cancelled",
+            "cannot forward to itself",
+        ),
     ],
 )
 def test_bad_queue_spec_names_the_field(spec: dict[str, Any], path: str, words: str) -> None:
@@ -190,6 +202,15 @@ def test_bad_queue_spec_names_the_field(spec: dict[str, Any], path: str, words: 
     assert caught.value.path == path
     assert words in str(caught.value)
     assert str(caught.value).startswith(path + ":")
+
+
+def test_forward_keeps_the_forwarded_states_only() -> None:
+    q = parse_queue("q", "ns", queue_spec(forward={"discarded": "q-dead", "cancelled": None}))
+    assert q.forward == {"discarded": "q-dead"}
+    assert parse_queue("q", "ns", queue_spec(forward={})).forward is None
+    # the object's name may be the target when queueName names another queue
+    named = parse_queue("q", "ns", queue_spec(queueName="mail", forward={"cancelled": "q"}))
+    assert named.forward == {"cancelled": "q"}
 
 
 def test_queue_object_name_must_leave_room_for_the_deployment_name() -> None:

@@ -8,7 +8,8 @@ with the completer's own statement, in batches of 100 as a busy completer does, 
 jobs nobody waits for (the baseline: the trigger's WHEN clause keeps them from calling the
 function), jobs that each release one waiting child, and pairs of jobs whose child waits for
 both (a join: the second parent's check sees the first). The cost of resolution is the time
-over the baseline divided by the parents finished. A measurement for people; no test asserts it.
+over the baseline divided by the parents finished. It also times 1,000 single enqueues, plain
+and with a live parent. A measurement for people; no test asserts it.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from typing import Any
 
 import psycopg
 
+import shigoto
 from shigoto.cli.bench import drop_database, prepare_database
-from shigoto.db import embedded, statements
+from shigoto.db import database, embedded, statements
 
 NAME = "shigoto_bench_workflows"
 BATCH = 100
@@ -81,6 +83,19 @@ def _round(conn: psycopg.Connection[Any], parents: int) -> dict[str, float]:
     return out
 
 
+def _enqueue_cost(url: str, calls: int) -> dict[str, float]:
+    """Mean ms of one `shigoto.enqueue` (own transaction), plain and with a live parent."""
+
+    out = {}
+    parent = shigoto.enqueue("bench.parent", {}, queue="bench", database_url=url)
+    for kind, options in (("plain", {}), ("with_parent", {"depends_on": [parent.id]})):
+        started = time.perf_counter()
+        for _ in range(calls):
+            shigoto.enqueue("bench.child", {}, queue="bench", database_url=url, **options)
+        out[kind] = 1000 * (time.perf_counter() - started) / calls
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--parents", type=int, default=5000)
@@ -91,12 +106,16 @@ def main() -> None:
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             rounds = [_round(conn, opts.parents) for _ in range(opts.rounds)]
+            conn.execute("TRUNCATE shigoto_jobs")
+        enqueue = _enqueue_cost(url, 1000)
+        database.close_pools()
     finally:
         drop_database(server, NAME)
     median = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     per = {k: 1000 * v / opts.parents for k, v in median.items()}
     report = {
         "parents": opts.parents, "batch": BATCH, "rounds": rounds,
+        "enqueue_ms": enqueue, "load_average": os.getloadavg(),
         "ms_per_parent": per,
         "resolution_ms_per_parent": {
             "one_child": per["one_child"] - per["plain"],

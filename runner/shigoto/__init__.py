@@ -12,6 +12,7 @@ from shigoto.client.queue_settings import (
     resume_queue,
     set_queue,
 )
+from shigoto.client.workflow import Workflow, workflow
 from shigoto.context import JobContext, current_job
 from shigoto.db.migrate import amigrate, migrate
 from shigoto.errors import (
@@ -59,6 +60,7 @@ __all__ = [
     "UnknownWorkerError",
     "ValidationError",
     "Worker",
+    "Workflow",
     "__version__",
     "acancel_by",
     "adrain_queue",
@@ -85,4 +87,5 @@ __all__ = [
     "set_queue",
     "status",
     "worker",
+    "workflow",
 ]

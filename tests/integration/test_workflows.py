@@ -12,9 +12,10 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.rows import dict_row
+from rich.console import Console
 
 import shigoto
-from shigoto.client.workflow import workflow
+from shigoto.cli.status_view import render_status
 from tests.support.in_process import running
 from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import count, row, state, until, wait_until
@@ -57,7 +58,7 @@ def test_a_four_level_graph_of_50_jobs_runs_in_order_across_3_runners(
 ) -> None:
     rng = random.Random(10)
     sizes = [5, 10, 15, 20]
-    wf = workflow("fifty")
+    wf = shigoto.workflow("fifty")
     levels: list[list[str]] = []
     for depth, size in enumerate(sizes):
         names = [f"L{depth}-{i}" for i in range(size)]
@@ -94,7 +95,7 @@ def test_a_four_level_graph_of_50_jobs_runs_in_order_across_3_runners(
 async def test_a_diamond_runs_each_step_once_after_its_parents(
     db_url: str, conn: psycopg.Connection[Any]
 ) -> None:
-    wf = (workflow("diamond")
+    wf = (shigoto.workflow("diamond")
           .add("d", STEP, {"name": "d"}, after=["b", "c"])   # added before its parents
           .add("a", STEP, {"name": "a"})
           .add("b", STEP, {"name": "b"}, after=["a"])
@@ -131,7 +132,7 @@ async def test_a_discarded_parent_cancels_down_the_graph_and_run_policy_runs_any
 
 
 def test_cancelling_a_parent_cascades_to_every_descendant(conn: psycopg.Connection[Any]) -> None:
-    jobs = (workflow("chain").add("a", STEP, {"name": "a"})
+    jobs = (shigoto.workflow("chain").add("a", STEP, {"name": "a"})
             .add("b", STEP, {"name": "b"}, after=["a"])
             .add("c", STEP, {"name": "c"}, after=["b"])
             .add("d", STEP, {"name": "d"}, after=["c", "a"])
@@ -169,7 +170,7 @@ async def test_unknown_parents_are_refused_on_an_async_connection_too(db_url: st
 
 
 def test_a_cycle_is_refused_by_name_and_nothing_is_written(conn: psycopg.Connection[Any]) -> None:
-    wf = (workflow().add("a", STEP, {"name": "a"}, after=["c"])
+    wf = (shigoto.workflow().add("a", STEP, {"name": "a"}, after=["c"])
           .add("b", STEP, {"name": "b"}, after=["a"])
           .add("c", STEP, {"name": "c"}, after=["b"])
           .add("x", STEP, {"name": "x"}))  # fmt: skip
@@ -260,7 +261,7 @@ def test_a_released_child_wakes_its_queue(db_url: str, conn: psycopg.Connection[
 
 
 def test_status_shows_a_workflows_progress(conn: psycopg.Connection[Any]) -> None:
-    jobs = (workflow("report").add("a", STEP, {"name": "a"})
+    jobs = (shigoto.workflow("report").add("a", STEP, {"name": "a"})
             .add("b", STEP, {"name": "b"}, after=["a"])
             .add("c", STEP, {"name": "c"}, after=["a"]).enqueue())  # fmt: skip
     _finish(conn, jobs["a"].id)
@@ -269,3 +270,9 @@ def test_status_shows_a_workflows_progress(conn: psycopg.Connection[Any]) -> Non
                              "total": 3, "completed": 1, "failed": 0, "waiting": 0,
                              "executing": 0}]  # fmt: skip
     assert st.as_dict()["workflows"] == st.workflows
+    assert st.waiting_on_parents == 0  # a's children were released when it finished
+    console = Console(record=True, width=200)
+    render_status(st, console)
+    shown = console.export_text()
+    assert "workflows (0 jobs waiting for parents)" in shown
+    assert "report" in shown and "1/3" in shown

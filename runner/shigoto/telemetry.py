@@ -21,6 +21,7 @@ subscriber that raises is logged and skipped: telemetry must never break job pro
 | rescuer.rescue  | count                            | node, job_ids                            |
 | queue.pause     | (none)                           | queue, schema                            |
 | queue.resume    | (none)                           | queue, schema                            |
+| queue.forward   | (none)                           | queue, schema, forward                   |
 | workflow.enqueue | count, levels, duration         | workflow_id, name, job_ids (by step)     |
 
 `job.cancel` carries `source: "operator"` when the job was cancelled from outside while it
@@ -46,6 +47,7 @@ EVENTS = frozenset({
     "job.insert", "job.start", "job.stop", "job.exception", "job.discard", "job.snooze",
     "job.cancel", "producer.claim", "stager.stage", "pruner.prune", "completer.flush",
     "completer.error", "cron.enqueue", "rescuer.rescue", "queue.pause", "queue.resume",
+    "queue.forward",
     "workflow.enqueue",
 })  # fmt: skip
 

@@ -276,3 +276,12 @@ def test_status_shows_a_workflows_progress(conn: psycopg.Connection[Any]) -> Non
     shown = console.export_text()
     assert "workflows (0 jobs waiting for parents)" in shown
     assert "report" in shown and "1/3" in shown
+
+
+def test_a_callers_connection_with_dict_rows_is_fine(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        parent = shigoto.enqueue(STEP, {"name": "p"}, conn=c)
+        child = shigoto.enqueue_many(
+            [{"worker": STEP, "args": {"name": "c"}, "depends_on": [parent.id]}] * 2, conn=c
+        )
+        assert [job.state for job in child] == ["scheduled", "scheduled"]

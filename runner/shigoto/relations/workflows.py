@@ -10,9 +10,9 @@ its child's release cannot exist: they are one commit.
 What lives here, besides validating the options (`apply`):
 
 - the insert hook that turns unknown parent ids into a ValidationError naming `depends_on`
-  before anything is written (sync connections; on an AsyncConnection the trigger refuses
-  them, see `UNKNOWN_PARENT_SQLSTATE`), and marks waiting children so the `Job` returned by a
-  bulk insert already says `scheduled`;
+  before anything is written, and marks waiting children so the `Job` returned by a bulk
+  insert already says `scheduled`. Hooks are sync: on an AsyncConnection it cannot query, and
+  the insert trigger refuses unknown parents itself (SQLSTATE `UNKNOWN_PARENT_SQLSTATE`);
 - the named statements the runner (parents' results), `shigoto status` (progress) and the
   builder use;
 - the builder's pure graph steps: naming checks, cycle detection that names the cycle, and the
@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from shigoto.db import inserts, statements
 from shigoto.db.inserts import InsertContext, InsertSpec
@@ -182,21 +183,11 @@ def check_parents(specs: list[Any], context: InsertContext) -> list[Any]:
     wanted = sorted({p for spec in specs for p in spec.depends_on})
     if not wanted or isinstance(context.conn, psycopg.AsyncConnection):
         return specs
-    with context.conn.cursor() as cur:
+    with context.conn.cursor(row_factory=tuple_row) as cur:  # whatever the caller's factory
         cur.execute(statements.compose(_PARENTS, context.schema), {"ids": wanted})
         states = {row[0]: row[1] for row in cur.fetchall()}
     _unknown(wanted, states)
     return _mark_waiting(specs, states)
-
-
-async def acheck_parents(conn: Any, schema: str, wanted: Sequence[int]) -> None:
-    """`check_parents`' test for an AsyncConnection, which a (sync) insert hook cannot use."""
-    if not wanted:
-        return
-    async with conn.cursor() as cur:
-        await cur.execute(statements.compose(_PARENTS, schema), {"ids": sorted(set(wanted))})
-        states = {row[0]: row[1] for row in await cur.fetchall()}
-    _unknown(wanted, states)
 
 
 inserts.add_hook(check_parents)

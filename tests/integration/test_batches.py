@@ -6,6 +6,7 @@ The workers below are imported by the runner processes (`--import` of this modul
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import threading
 from collections.abc import Callable
@@ -15,7 +16,7 @@ import psycopg
 import pytest
 
 import shigoto
-from shigoto.client.batching import abatch, batch
+from shigoto.client.batching import AsyncBatch, Batch, abatch, batch
 from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import wait_until
 
@@ -128,6 +129,29 @@ def test_a_batch_of_1000_with_10_discarded_and_5_cancelled_calls_back_exactly_on
         "SELECT state, count(*) FROM shigoto_jobs WHERE batch_id = %s GROUP BY 1", (b.id,)
     ).fetchall())  # fmt: skip
     assert states == {"completed": 985, "discarded": 10, "cancelled": 5}
+
+
+def test_interleaved_batches_on_two_runners_each_call_back_once(conn, runners) -> None:
+    """Jobs of several batches finish in the same completer flushes of two runners: each batch
+    still gets exactly its own counts, once."""
+    runners(2)
+    with (
+        batch(callback=DONE, callback_args={"k": 1}) as one,
+        batch(callback=DONE, callback_args={"k": 2}) as two,
+        batch(callback=DONE, callback_args={"k": 3}) as three,
+    ):
+        for n in range(120):
+            shigoto.enqueue_many([
+                {"worker": item, "args": {"n": n, "fail": n % 40 == 0}, "batch": b}
+                for b in (one, two, three)
+            ])  # fmt: skip
+    for k, b in enumerate((one, two, three), start=1):
+        assert b.id is not None
+        wait_until(lambda b=b: callbacks(conn, b.id), timeout=120)
+        rows = callbacks(conn, b.id)
+        assert [r[1] for r in rows] == [
+            {"k": k, "batch": counts(b.id, 120, completed=117, discarded=3)}
+        ]
 
 
 def test_an_empty_batch_calls_back_at_its_seal(conn, runners) -> None:
@@ -390,3 +414,12 @@ def test_a_batch_is_pruned_with_the_last_of_its_archived_jobs(conn) -> None:
     shigoto.prune(prune_after=3600, archive_retention=86400)
     assert {row[0] for row in conn.execute("SELECT id FROM shigoto_batches")} == set()
     assert later.batch_id == again.id
+
+
+def test_batch_and_abatch_take_the_same_arguments() -> None:
+    def shape(fn: Any) -> list[tuple[str, Any, Any]]:
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+    assert shape(batch) == shape(abatch)
+    for name in ("enqueue", "enqueue_many", "refresh"):
+        assert shape(getattr(Batch, name)) == shape(getattr(AsyncBatch, name))

@@ -67,6 +67,10 @@ class Job:
     on_parent_failure: str | None = None
     #: The batch this job belongs to (`shigoto.batch`).
     batch_id: int | None = None
+    #: Not a column: True when an enqueue returned this existing job instead of inserting a
+    #: new one (its unique key was taken). Fields after the columns keep `from_values`
+    #: positional.
+    conflict: bool = False
 
     @classmethod
     def from_values(cls, values: Sequence[Any]) -> Job:
@@ -83,5 +87,10 @@ class Job:
         return cls(**values)
 
 
-# `Job.from_values` builds jobs positionally: columns and fields must line up.
-assert tuple(f.name for f in fields(Job)) == JOB_COLUMNS, "JOB_COLUMNS and Job fields differ"
+#: `Job`'s fields that are not columns; they come after the columns and have defaults.
+_NOT_COLUMNS = ("conflict",)
+
+# `Job.from_values` builds jobs positionally: the columns must be Job's first fields, in order.
+assert tuple(f.name for f in fields(Job)) == JOB_COLUMNS + _NOT_COLUMNS, (
+    "JOB_COLUMNS and Job fields differ"
+)

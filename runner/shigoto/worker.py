@@ -12,13 +12,14 @@ import importlib
 import inspect
 import logging
 import warnings
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, ClassVar, overload
 
 from shigoto import jobspec, registry
 from shigoto.backoff import default_backoff
 from shigoto.config import normalise_prefixes
 from shigoto.errors import Discard, UnknownWorkerError, ValidationError
+from shigoto.relations import unique as unique_jobs
 from shigoto.signatures import args_misfit
 
 log = logging.getLogger("shigoto.worker")
@@ -27,7 +28,6 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_TIMEOUT = 300.0
 #: Where a sync perform runs: a thread of the runner, or a child process killed at its deadline.
 ISOLATIONS = ("thread", "process")
-
 
 
 def _validate_defaults(
@@ -45,6 +45,14 @@ def _validate_defaults(
     if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
         raise ValidationError("timeout", f"worker {name} needs a positive timeout in seconds")
 
+
+def _check_unique(name: str, unique: Any) -> None:
+    """A worker's `unique=` default, checked when the worker is defined rather than at its
+    first enqueue (dotted key paths into args are checked per job)."""
+    try:
+        unique_jobs.parse(unique)
+    except ValidationError as exc:
+        raise ValidationError(exc.field, f"worker {name}: {exc.message}") from None
 
 
 def _check_definition(name: str, module: str, named: bool, isolation: str) -> None:
@@ -86,6 +94,9 @@ class Worker:
     global_concurrency: ClassVar[int | None] = None
     #: "process": the sync perform runs in a child process, killed at its timeout or cancel.
     isolation: ClassVar[str] = "thread"
+    #: Default `unique=` options of this worker's jobs (see `shigoto.enqueue`); an enqueue's
+    #: own `unique=` replaces them, `unique=False` turns them off.
+    unique: ClassVar[Mapping[str, Any] | bool | None] = None
 
     def __init_subclass__(cls, template: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -96,6 +107,7 @@ class Worker:
             cls.name = f"{cls.__module__}.{cls.__qualname__}"
         _check_definition(cls.name, cls.__module__, named, cls.isolation)
         _validate_defaults(cls.name, cls.max_attempts, cls.timeout, cls.global_concurrency)
+        _check_unique(cls.name, cls.unique)
         if not inspect.isabstract(cls) and cls.perform is not Worker.perform:
             register(cls())
 
@@ -131,13 +143,16 @@ class Worker:
 
     def defaults(self) -> dict[str, Any]:
         """The enqueue defaults this worker supplies when enqueued as an object."""
-        return {
+        defaults = {
             "queue": self.queue,
             "priority": self.priority,
             "max_attempts": self.max_attempts,
             "timeout": self.timeout,
             "tags": list(self.tags) if self.tags is not None else None,
         }
+        if self.unique is not None:  # only when set: most workers have no unique default
+            defaults["unique"] = self.unique
+        return defaults
 
     @classmethod
     def new(cls, args: dict[str, Any] | None = None, **options: Any) -> jobspec.JobSpec:
@@ -170,6 +185,7 @@ class FunctionWorker(Worker, template=True):
         backoff: Callable[[int, BaseException], float] | None = None,
         on_discard: Callable[[dict[str, Any], list[dict[str, Any]]], Any] | None = None,
         isolation: str = "thread",
+        unique: Mapping[str, Any] | bool | None = None,
     ) -> None:
         self.fn = fn
         self.name = name or f"{fn.__module__}.{fn.__qualname__}"  # type: ignore[misc]
@@ -177,6 +193,8 @@ class FunctionWorker(Worker, template=True):
         self.isolation = isolation  # type: ignore[misc]
         _validate_defaults(self.name, max_attempts, timeout, global_concurrency)
         self.global_concurrency = global_concurrency  # type: ignore[misc]
+        _check_unique(self.name, unique)
+        self.unique = unique  # type: ignore[misc]
         self.queue = queue  # type: ignore[misc]
         self.priority = priority  # type: ignore[misc]
         self.max_attempts = max_attempts  # type: ignore[misc]
@@ -260,6 +278,7 @@ def worker(
     backoff: Callable[[int, BaseException], float] | None = None,
     on_discard: Callable[[dict[str, Any], list[dict[str, Any]]], Any] | None = None,
     isolation: str = "thread",
+    unique: Mapping[str, Any] | bool | None = None,
 ) -> Callable[[Callable[..., Any]], FunctionWorker]: ...
 
 

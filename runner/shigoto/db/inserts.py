@@ -4,12 +4,17 @@ Every job that reaches `shigoto_jobs` goes through `insert` or `ainsert`: valida
 `jobspec.JobSpec`, or anything of its shape) and a connection in, `Job`s out. In order:
 
 1. the **insert hooks** (`HOOKS`) see the specs inside the caller's transaction and may
-   transform them; this is where uniqueness, encryption of args and enqueue middleware plug in;
-2. the write, chosen by the specs: one row without a unique key is one `INSERT ... RETURNING`
-   (one round trip, it notifies itself); a batch is a binary COPY of reserved ids; specs that
-   carry a `unique_key` are inserted with `ON CONFLICT DO NOTHING`, and a conflict returns the
-   existing job, with its position listed in `Inserted.conflicts`;
-3. a NOTIFY per queue that got an available job (delivered at commit: a rolled-back insert
+   transform them; this is where encryption of args and enqueue middleware plug in;
+2. the **resolvers** (`RESOLVERS`; unique jobs) settle the specs they claim against rows
+   already in the table: each comes back to be written, or as `Existing(job)`, a job that
+   takes its place. Resolvers take transaction-scoped locks, so on an autocommit connection
+   they and the write run in one transaction of ours;
+3. the write, chosen by the specs: one row is one `INSERT ... RETURNING` (one round trip, it
+   notifies itself); a batch is a binary COPY of reserved ids; specs that carry a
+   `unique_key` are inserted with `ON CONFLICT DO NOTHING`. A conflict, there or from a
+   resolver, returns the existing job with `conflict=True`, its position listed in
+   `Inserted.conflicts`;
+4. a NOTIFY per queue that got an available job (delivered at commit: a rolled-back insert
    wakes nobody), then the `job.insert` telemetry event.
 
 The I/O-free steps are plain functions shared by the sync and async twins, so the twins only
@@ -19,10 +24,11 @@ differ in `await`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, TypeVar
@@ -125,6 +131,66 @@ def apply_hooks(specs: list[S], context: InsertContext) -> list[S]:
 
 
 @dataclass(frozen=True, slots=True)
+class Existing:
+    """What a resolver returns in place of a spec it will not write: the job already in the
+    table that takes the spec's place (a unique job's holder). The caller gets it back with
+    `conflict=True`."""
+
+    job: Job
+
+
+class Resolver(Protocol):
+    """Settles the specs it `claims` against rows already in the table, after the hooks and
+    inside the inserting transaction, before the write. `resolve` gets the claimed specs in
+    order and returns as many entries, each the spec to write (maybe transformed) or
+    `Existing(job)`; on an AsyncConnection (`context.conn`) it returns an awaitable of them,
+    so `insert` and `ainsert` stay the same code with and without `await`. Its locks may be
+    transaction-scoped: the insert path keeps the resolve and the write in one transaction."""
+
+    def claims(self, spec: Any) -> bool: ...
+
+    def resolve(self, specs: list[Any], context: InsertContext) -> Any: ...
+
+
+#: The registered resolvers (`relations.unique` registers one on import).
+RESOLVERS: list[Resolver] = []
+
+
+def add_resolver(resolver: Resolver) -> Callable[[], None]:
+    """Register `resolver` after the others; returns a function that removes it again."""
+    RESOLVERS.append(resolver)
+
+    def remove() -> None:
+        with contextlib.suppress(ValueError):
+            RESOLVERS.remove(resolver)
+
+    return remove
+
+
+def _resolvers(specs: Sequence[Any]) -> list[Resolver]:
+    return [r for r in list(RESOLVERS) if any(r.claims(s) for s in specs)]
+
+
+def _claimed(resolver: Resolver, entries: list[Any]) -> list[int]:
+    return [i for i, e in enumerate(entries) if not isinstance(e, Existing) and resolver.claims(e)]
+
+
+def _settled(entries: list[Any], at: list[int], out: list[Any]) -> list[Any]:
+    """`entries` with positions `at` replaced by a resolver's answers for them."""
+    if len(out) != len(at):
+        raise RuntimeError(f"an insert resolver returned {len(out)} entries for {len(at)} specs")
+    entries = list(entries)
+    for i, entry in zip(at, out, strict=True):
+        entries[i] = entry
+    return entries
+
+
+#: A written spec's job and whether it is a conflict (an existing job); None: neither (the
+#: existing job vanished between two statements, see `_written_unique`).
+Written = tuple[Job, bool] | None
+
+
+@dataclass(frozen=True, slots=True)
 class Inserted:
     """The jobs of one insert, in the order of the specs the hooks returned. `conflicts` holds
     the positions whose unique key already existed: their job is the existing one."""
@@ -166,6 +232,30 @@ WITH ins AS (
 SELECT id FROM ins
 """
 
+# One row with a unique key, in one round trip like `statements.insert_one`: no row comes
+# back when the key is taken; the caller then reads the existing job (_EXISTING).
+_INSERT_ONE_UNIQUE = """
+WITH input AS (
+    SELECT coalesce(%(scheduled_at)s::timestamptz,
+                    now() + make_interval(secs => %(delay)s::float8)) AS at
+), ins AS (
+    INSERT INTO {jobs} (queue, worker, args, state, priority, max_attempts, timeout,
+                        scheduled_at, tags, meta, unique_key, depends_on, on_parent_failure,
+                        batch_id)
+    SELECT %(queue)s, %(worker)s, %(args)s,
+           CASE WHEN input.at <= now() THEN {available} ELSE {scheduled} END,
+           %(priority)s, %(max_attempts)s, %(timeout)s, input.at, %(tags)s, %(meta)s,
+           %(unique_key)s, %(depends_on)s::bigint[], %(on_parent_failure)s, %(batch_id)s
+    FROM input
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, state, scheduled_at, inserted_at
+)
+SELECT ins.id, ins.state, ins.scheduled_at, ins.inserted_at,
+       CASE WHEN ins.state = {available}
+            THEN pg_notify({channel}, {schema_name} || '.' || ins.queue) END IS NULL AS _woke
+FROM ins
+"""
+
 _EXISTING = f"""
 SELECT {", ".join(JOB_COLUMNS)} FROM {{jobs}} WHERE unique_key = ANY(%(keys)s::text[])
 """
@@ -174,6 +264,7 @@ SELECT {", ".join(JOB_COLUMNS)} FROM {{jobs}} WHERE unique_key = ANY(%(keys)s::t
 @dataclass(frozen=True, slots=True)
 class _Statements:
     insert_unique: str
+    insert_one_unique: str
     existing: str
 
 
@@ -181,6 +272,7 @@ class _Statements:
 def _own(schema: str) -> _Statements:
     return _Statements(
         insert_unique=statements.compose(_INSERT_UNIQUE, schema),
+        insert_one_unique=statements.compose(_INSERT_ONE_UNIQUE, schema),
         existing=statements.compose(_EXISTING, schema),
     )
 
@@ -194,15 +286,21 @@ _COPY_TYPES = (
     "timestamptz", "text[]", "jsonb", "int8[]", "text", "int8",
 )  # fmt: skip
 
-Plan = Literal["one", "copy", "unique"]
+Plan = Literal["one", "one_unique", "copy", "unique"]
 
 
 def plan(specs: Sequence[InsertSpec]) -> Plan:
-    """How to write: unique keys need ON CONFLICT (COPY has none); one plain row is a single
+    """How to write: unique keys need ON CONFLICT (COPY has none); one row is a single
     INSERT; anything else is a COPY."""
     if any(s.unique_key is not None for s in specs):
-        return "unique"
+        return "one_unique" if len(specs) == 1 else "unique"
     return "one" if len(specs) == 1 else "copy"
+
+
+def _one_unique_params(spec: InsertSpec) -> dict[str, Any]:
+    params = spec.as_params()
+    params["unique_key"] = spec.unique_key
+    return params
 
 
 class _JsonTextDumper(StrBinaryDumper):
@@ -281,22 +379,43 @@ def _available_queues(rows: list[tuple[Any, ...]]) -> list[str]:
     return sorted({row[1] for row in rows if row[4] == "available"})
 
 
-def _with_conflicts(
+def _written_unique(
     specs: Sequence[InsertSpec],
     rows: list[tuple[Any, ...]],
     inserted_ids: set[int],
     existing: dict[str, Job],
-) -> Inserted:
-    """Inserted jobs and, for a duplicate key, the job that holds it. One that vanished between
-    the two statements (pruned meanwhile) is left out: nothing was inserted for it either."""
-    jobs: list[Job] = []
-    conflicts = set()
+) -> list[Written]:
+    """Per spec, its inserted job or, for a duplicate key, the job that holds it. One that
+    vanished between the two statements (pruned meanwhile) is None: nothing was inserted for
+    it either."""
+    written: list[Written] = []
     for spec, row in zip(specs, rows, strict=True):
         if row[0] in inserted_ids:
-            jobs.append(_job(spec, row))
+            written.append((_job(spec, row), False))
         elif spec.unique_key in existing:
+            written.append((existing[spec.unique_key], True))
+        else:
+            written.append(None)
+    return written
+
+
+def _assemble(entries: list[Any], written: Iterator[Written]) -> Inserted:
+    """The caller's jobs in entry order: resolvers' `Existing` and the write's conflicts marked
+    `conflict=True`; `written` yields one answer per spec entry."""
+    jobs: list[Job] = []
+    conflicts = set()
+    for entry in entries:
+        if isinstance(entry, Existing):
+            found: Written = (entry.job, True)
+        else:
+            found = next(written)
+        if found is None:
+            continue
+        job, conflict = found
+        if conflict:
             conflicts.add(len(jobs))
-            jobs.append(existing[spec.unique_key])
+            job = dataclasses.replace(job, conflict=True)
+        jobs.append(job)
     return Inserted(jobs, frozenset(conflicts))
 
 
@@ -365,34 +484,59 @@ def insert(
     """Write validated specs on `conn`, joining its transaction; all or nothing."""
     started = time.monotonic()
     context = InsertContext(source, schema, conn)
-    todo = apply_hooks(list(specs), context)
-    if not todo:
+    entries: list[Any] = apply_hooks(list(specs), context)
+    if not entries:
         return Inserted([])
-    how = plan(todo)
-    stmts = statements.statements(schema)
-    with conn.cursor(row_factory=tuple_row) as cur, _TooLarge():  # any row factory
-        if how == "one":  # one statement: atomic without a transaction of ours
-            cur.execute(stmts.insert_one, todo[0].as_params())  # it notifies itself
-            returned = cur.fetchone()
-            assert returned is not None
-            result = Inserted([_job(todo[0], _one_row(todo[0], returned))])
-        elif _caller_commits(conn):
-            result = _write_many(cur, stmts, todo, how)
-        else:
-            with conn.transaction():  # a savepoint in the caller's transaction
-                result = _write_many(cur, stmts, todo, how)
+    resolvers = _resolvers(entries)
+    # The resolvers' locks are released at commit, which must come after the write: on an
+    # autocommit connection both run in one transaction of ours.
+    ours = bool(resolvers) and conn.autocommit
+    direct = ours or _caller_commits(conn)
+    with (
+        conn.cursor(row_factory=tuple_row) as cur,  # any row factory
+        _TooLarge(),
+        conn.transaction() if ours else contextlib.nullcontext(),
+    ):
+        for resolver in resolvers:
+            at = _claimed(resolver, entries)
+            out = resolver.resolve([entries[i] for i in at], context)
+            entries = _settled(entries, at, out)
+        todo = [e for e in entries if not isinstance(e, Existing)]
+        written = _write_many(cur, context, todo, direct=direct) if todo else []
+    result = _assemble(entries, iter(written))
     _emit(context, result, started)
     return result
 
 
 def _write_many(
-    cur: psycopg.Cursor[Any], stmts: statements.Statements, specs: list[InsertSpec], how: Plan
-) -> Inserted:
+    cur: psycopg.Cursor[Any], context: InsertContext, specs: list[InsertSpec], *, direct: bool
+) -> list[Written]:
+    """Write `specs` (one or many); `direct`: no savepoint is needed around a many-row write
+    (see `_caller_commits`)."""
+    stmts = statements.statements(context.schema)
+    how = plan(specs)
+    own = _own(stmts.schema)
+    if how == "one":  # one statement: atomic without a transaction of ours
+        cur.execute(stmts.insert_one, specs[0].as_params())  # it notifies itself
+        returned = cur.fetchone()
+        assert returned is not None
+        return [(_job(specs[0], _one_row(specs[0], returned)), False)]
+    if how == "one_unique":  # the same, but a taken key returns no row
+        cur.execute(own.insert_one_unique, _one_unique_params(specs[0]))
+        returned = cur.fetchone()
+        if returned is not None:
+            return [(_job(specs[0], _one_row(specs[0], returned)), False)]
+        cur.execute(own.existing, {"keys": [specs[0].unique_key]})
+        return _written_unique(specs, [(None,)], set(), _by_key(cur.fetchall()))
+    if not direct:
+        with context.conn.transaction():  # a savepoint in the caller's transaction
+            return _write_many(cur, context, specs, direct=True)
     cur.execute(stmts.reserve_ids, {"count": len(specs)})
     reserved = cur.fetchone()
     assert reserved is not None
     now, ids = reserved
     rows = _rows(specs, ids, now)
+    result: list[Written]
     if how == "copy":
         _prepare_copy(cur)
         with cur.copy(stmts.copy_jobs) as copy:
@@ -400,10 +544,9 @@ def _write_many(
             for row in rows:
                 copy.write_row(row)
             # Built while the server is still digesting the rows sent so far.
-            result = Inserted(_jobs(specs, rows))
+            result = [(job, False) for job in _jobs(specs, rows)]
         written = rows
     else:
-        own = _own(stmts.schema)
         cur.execute(own.insert_unique, _unique_params(specs, rows))
         inserted_ids = {r[0] for r in cur.fetchall()}
         existing: dict[str, Job] = {}
@@ -411,7 +554,7 @@ def _write_many(
         if missing:
             cur.execute(own.existing, {"keys": missing})
             existing = _by_key(cur.fetchall())
-        result = _with_conflicts(specs, rows, inserted_ids, existing)
+        result = _written_unique(specs, rows, inserted_ids, existing)
         written = [r for r in rows if r[0] in inserted_ids]
     wake = _available_queues(written)
     if wake:
@@ -428,37 +571,62 @@ async def ainsert(
     """`insert` on an AsyncConnection."""
     started = time.monotonic()
     context = InsertContext(source, schema, conn)
-    todo = apply_hooks(list(specs), context)
-    if not todo:
+    entries: list[Any] = apply_hooks(list(specs), context)
+    if not entries:
         return Inserted([])
-    how = plan(todo)
-    stmts = statements.statements(schema)
-    async with conn.cursor(row_factory=tuple_row) as cur, _TooLarge():  # any row factory
-        if how == "one":  # one statement: atomic without a transaction of ours
-            await cur.execute(stmts.insert_one, todo[0].as_params())  # it notifies itself
-            returned = await cur.fetchone()
-            assert returned is not None
-            result = Inserted([_job(todo[0], _one_row(todo[0], returned))])
-        elif _caller_commits(conn):
-            result = await _awrite_many(cur, stmts, todo, how)
-        else:
-            async with conn.transaction():  # a savepoint in the caller's transaction
-                result = await _awrite_many(cur, stmts, todo, how)
+    resolvers = _resolvers(entries)
+    # The resolvers' locks are released at commit, which must come after the write: on an
+    # autocommit connection both run in one transaction of ours.
+    ours = bool(resolvers) and conn.autocommit
+    direct = ours or _caller_commits(conn)
+    async with (
+        conn.cursor(row_factory=tuple_row) as cur,  # any row factory
+        _TooLarge(),
+        conn.transaction() if ours else contextlib.nullcontext(),
+    ):
+        for resolver in resolvers:
+            at = _claimed(resolver, entries)
+            out = await resolver.resolve([entries[i] for i in at], context)
+            entries = _settled(entries, at, out)
+        todo = [e for e in entries if not isinstance(e, Existing)]
+        written = await _awrite_many(cur, context, todo, direct=direct) if todo else []
+    result = _assemble(entries, iter(written))
     _emit(context, result, started)
     return result
 
 
 async def _awrite_many(
     cur: psycopg.AsyncCursor[Any],
-    stmts: statements.Statements,
+    context: InsertContext,
     specs: list[InsertSpec],
-    how: Plan,
-) -> Inserted:
+    *,
+    direct: bool,
+) -> list[Written]:
+    """`_write_many` on an AsyncCursor."""
+    stmts = statements.statements(context.schema)
+    how = plan(specs)
+    own = _own(stmts.schema)
+    if how == "one":  # one statement: atomic without a transaction of ours
+        await cur.execute(stmts.insert_one, specs[0].as_params())  # it notifies itself
+        returned = await cur.fetchone()
+        assert returned is not None
+        return [(_job(specs[0], _one_row(specs[0], returned)), False)]
+    if how == "one_unique":  # the same, but a taken key returns no row
+        await cur.execute(own.insert_one_unique, _one_unique_params(specs[0]))
+        returned = await cur.fetchone()
+        if returned is not None:
+            return [(_job(specs[0], _one_row(specs[0], returned)), False)]
+        await cur.execute(own.existing, {"keys": [specs[0].unique_key]})
+        return _written_unique(specs, [(None,)], set(), _by_key(await cur.fetchall()))
+    if not direct:
+        async with context.conn.transaction():  # a savepoint in the caller's transaction
+            return await _awrite_many(cur, context, specs, direct=True)
     await cur.execute(stmts.reserve_ids, {"count": len(specs)})
     reserved = await cur.fetchone()
     assert reserved is not None
     now, ids = reserved
     rows = _rows(specs, ids, now)
+    result: list[Written]
     if how == "copy":
         _prepare_copy(cur)
         async with cur.copy(stmts.copy_jobs) as copy:
@@ -466,10 +634,9 @@ async def _awrite_many(
             for row in rows:
                 await copy.write_row(row)
             # Built while the server is still digesting the rows sent so far.
-            result = Inserted(_jobs(specs, rows))
+            result = [(job, False) for job in _jobs(specs, rows)]
         written = rows
     else:
-        own = _own(stmts.schema)
         await cur.execute(own.insert_unique, _unique_params(specs, rows))
         inserted_ids = {r[0] for r in await cur.fetchall()}
         existing: dict[str, Job] = {}
@@ -477,7 +644,7 @@ async def _awrite_many(
         if missing:
             await cur.execute(own.existing, {"keys": missing})
             existing = _by_key(await cur.fetchall())
-        result = _with_conflicts(specs, rows, inserted_ids, existing)
+        result = _written_unique(specs, rows, inserted_ids, existing)
         written = [r for r in rows if r[0] in inserted_ids]
     wake = _available_queues(written)
     if wake:

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 import shigoto
-from shigoto.client.batching import AsyncBatch, Batch, abatch, batch
+from shigoto import AsyncBatch, Batch, abatch, batch, telemetry
 from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import wait_until
 
@@ -322,6 +322,21 @@ def test_the_async_twin(db_url, conn) -> None:
     assert [r[1] for r in callbacks(conn, batch_id)] == [
         {"k": 2, "batch": counts(batch_id, 2, cancelled=2)}
     ]
+
+
+def test_the_seal_emits_batch_seal(conn) -> None:
+    seen: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    handle = telemetry.attach(lambda _e, m, meta: seen.append((m, meta)), ["batch.seal"])
+    try:
+        with batch(callback=DONE) as b:
+            b.enqueue(item, {"n": 1})
+        with batch(callback=DONE) as empty:
+            pass
+    finally:
+        telemetry.detach(handle)
+    assert [(m["total"], meta["batch_id"], meta["finished"]) for m, meta in seen] == [
+        (1, b.id, False), (0, empty.id, True)
+    ]  # fmt: skip
 
 
 def test_plain_enqueue_with_batch_joins_it(conn) -> None:

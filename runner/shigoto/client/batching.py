@@ -16,13 +16,14 @@ the one enqueue path, sync and async twins sharing every step but the I/O.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
 import psycopg
 
-from shigoto import config, jobspec
+from shigoto import config, jobspec, telemetry
 from shigoto.client import enqueuing
 from shigoto.db import database, steps
 from shigoto.errors import ValidationError
@@ -140,6 +141,18 @@ class _BatchBase(batches.BatchRef):
         self.failed = failed
         return not failed and self.id is not None and not self.sealed
 
+    def _sealed(self, status: BatchStatus, started: float) -> None:
+        self.status = status
+        self.sealed = True
+        telemetry.emit(
+            "batch.seal",
+            {"total": status.total, "completed": status.completed,
+             "discarded": status.discarded, "cancelled": status.cancelled,
+             "duration": time.monotonic() - started},
+            {"batch_id": status.id, "schema": self.schema, "finished": status.finished,
+             "callback_ids": status.callback_ids},
+        )  # fmt: skip
+
     def __repr__(self) -> str:
         state = "sealed" if self.sealed else "abandoned" if self.failed else "open"
         return f"<{type(self).__name__} {self.id} {state}>"
@@ -184,8 +197,8 @@ class Batch(_BatchBase):
     ) -> None:
         if self._exited(exc is not None):
             assert self.id is not None
-            self.status = self._run(batches.seal_steps(self.schema, self.id))
-            self.sealed = True
+            started = time.monotonic()
+            self._sealed(self._run(batches.seal_steps(self.schema, self.id)), started)
 
 
 def batch(
@@ -255,8 +268,8 @@ class AsyncBatch(_BatchBase):
     ) -> None:
         if self._exited(exc is not None):
             assert self.id is not None
-            self.status = await self._run(batches.seal_steps(self.schema, self.id))
-            self.sealed = True
+            started = time.monotonic()
+            self._sealed(await self._run(batches.seal_steps(self.schema, self.id)), started)
 
 
 def abatch(

@@ -3,6 +3,7 @@
 The public surface is re-exported here; everything else is an implementation detail.
 """
 
+from shigoto.client.batching import AsyncBatch, Batch, abatch, batch
 from shigoto.client.enqueuing import aenqueue, aenqueue_many, enqueue, enqueue_many
 from shigoto.client.queue_settings import (
     apause_queue,
@@ -45,6 +46,8 @@ from shigoto.worker import Worker, worker
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncBatch",
+    "Batch",
     "Cancel",
     "ConfigurationError",
     "Discard",
@@ -62,6 +65,7 @@ __all__ = [
     "Worker",
     "Workflow",
     "__version__",
+    "abatch",
     "acancel_by",
     "adrain_queue",
     "aenqueue",
@@ -73,6 +77,7 @@ __all__ = [
     "aretry_by",
     "aset_queue",
     "astatus",
+    "batch",
     "cancel_by",
     "current_job",
     "drain_queue",

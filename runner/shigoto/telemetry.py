@@ -23,10 +23,16 @@ subscriber that raises is logged and skipped: telemetry must never break job pro
 | queue.resume    | (none)                           | queue, schema                            |
 | queue.forward   | (none)                           | queue, schema, forward                   |
 | workflow.enqueue | count, levels, duration         | workflow_id, name, job_ids (by step)     |
+| batch.seal      | total, completed, discarded,     | batch_id, schema, finished,              |
+|                 | cancelled, duration              | callback_ids                             |
 
 `job.cancel` carries `source: "operator"` when the job was cancelled from outside while it
 executed (`shigoto cancel`, `cancel_by`; the runner checked the row is cancelled first); a
 worker's own `Cancel` outcome has no `source` key.
+
+`batch.seal` comes from the client when a `with shigoto.batch(...)` block seals its batch;
+`finished` is true when the seal itself enqueued the callbacks (every job had already finished).
+Otherwise the transaction of the last job's final transition enqueues them, in the database.
 
 `job.insert` comes from the one insert path (`db.inserts`) for every enqueue, bulk enqueue and
 cron slot (`source`: `enqueue`, `enqueue_many`, `cron`); `count` is the jobs written,
@@ -48,6 +54,7 @@ EVENTS = frozenset({
     "job.cancel", "producer.claim", "stager.stage", "pruner.prune", "completer.flush",
     "completer.error", "cron.enqueue", "rescuer.rescue", "queue.pause", "queue.resume",
     "queue.forward",
+    "batch.seal",
     "workflow.enqueue",
 })  # fmt: skip
 

@@ -25,6 +25,7 @@ subscriber that raises is logged and skipped: telemetry must never break job pro
 | workflow.enqueue | count, levels, duration         | workflow_id, name, job_ids (by step)     |
 | batch.seal      | total, completed, discarded,     | batch_id, schema, finished,              |
 |                 | cancelled, duration              | callback_ids                             |
+| fanout.delivery | (none)                           | job_id, queue, node, outcome             |
 
 `job.cancel` carries `source: "operator"` when the job was cancelled from outside while it
 executed (`shigoto cancel`, `cancel_by`; the runner checked the row is cancelled first); a
@@ -55,7 +56,7 @@ EVENTS = frozenset({
     "completer.error", "cron.enqueue", "rescuer.rescue", "queue.pause", "queue.resume",
     "queue.forward",
     "batch.seal",
-    "workflow.enqueue",
+    "workflow.enqueue", "fanout.delivery",
 })  # fmt: skip
 
 Handler = Callable[[str, dict[str, Any], dict[str, Any]], Any]

@@ -41,6 +41,8 @@ UNSET = _Unset()
 class QueueSetting:
     global_concurrency: int | None = None
     paused: bool = False
+    #: Every runner serving the queue runs each job once (see shigoto.runtime.fanout).
+    fanout: bool = False
 
 
 #: What `forward` is given as: a mapping of state to target queue (None: not forwarded).
@@ -73,6 +75,7 @@ def _write_steps(
     global_concurrency: int | _Unset | None,
     paused: bool | None,
     forward: dict[str, str] | _Unset | None = UNSET,
+    fanout: bool | None = None,
 ) -> Steps[bool]:
     """Store the given settings of `name`; UNSET / None leave a setting as it is (for
     `forward`, None turns forwarding off). Returns whether `forward` changed."""
@@ -80,6 +83,8 @@ def _write_steps(
         yield _stmt(ops_statements.SET_LIMIT, schema), {"name": name, "limit": global_concurrency}
     if paused is not None:
         yield _stmt(ops_statements.SET_PAUSED, schema), {"name": name, "paused": bool(paused)}
+    if fanout is not None:
+        yield _stmt(ops_statements.SET_FANOUT, schema), {"name": name, "fanout": bool(fanout)}
     if isinstance(forward, _Unset):
         return False
     if forward is None:
@@ -129,6 +134,7 @@ def set_queue(
     global_concurrency: int | _Unset | None = UNSET,
     paused: bool | None = None,
     forward: Forward | _Unset | None = UNSET,
+    fanout: bool | None = None,
     database_url: str | None = None,
     schema: str | None = None,
 ) -> None:
@@ -140,9 +146,13 @@ def set_queue(
     is not forwarded, and `forward=None` turns forwarding off. Left out, it stays as it is.
     All settings are written in one transaction: bad input raises ValidationError naming the
     field, and nothing is written. Emits `queue.forward` when `forward` changed.
+
+    `fanout=True` makes it a fan-out queue: every runner serving it runs each of its jobs
+    once (see shigoto.runtime.fanout); runners pick the change up within seconds.
     """
     stored = _checked(name, global_concurrency, forward)
-    work = _write_steps(name, config.schema(schema), global_concurrency, paused, stored)
+    _check_fanout(fanout)
+    work = _write_steps(name, config.schema(schema), global_concurrency, paused, stored, fanout)
     pool = database.sync_pool(config.database_url(database_url))
     with pool.connection() as conn, conn.transaction():
         changed = steps.run(conn, work)
@@ -156,17 +166,24 @@ async def aset_queue(
     global_concurrency: int | _Unset | None = UNSET,
     paused: bool | None = None,
     forward: Forward | _Unset | None = UNSET,
+    fanout: bool | None = None,
     database_url: str | None = None,
     schema: str | None = None,
 ) -> None:
     """`set_queue` for asyncio: the same statements on an async connection."""
     stored = _checked(name, global_concurrency, forward)
-    work = _write_steps(name, config.schema(schema), global_concurrency, paused, stored)
+    _check_fanout(fanout)
+    work = _write_steps(name, config.schema(schema), global_concurrency, paused, stored, fanout)
     pool = await database.async_pool(config.database_url(database_url))
     async with pool.connection() as conn, conn.transaction():
         changed = await steps.arun(conn, work)
     if changed:
         _forward_event(name, stored, schema)
+
+
+def _check_fanout(fanout: Any) -> None:
+    if fanout is not None and not isinstance(fanout, bool):
+        raise ValidationError("fanout", f"must be True or False, got {fanout!r}")
 
 
 def _forward_event(name: str, forward: Any, schema: str | None) -> None:
@@ -237,7 +254,7 @@ class QueueSettingsWatcher(Service):
             cur = await conn.execute(_stmt(ops_statements.READ_SETTINGS, self.schema),
                                      {"names": names})  # fmt: skip
             rows = await cur.fetchall()
-        found = {r[0]: QueueSetting(r[1], bool(r[2])) for r in rows}
+        found = {r[0]: QueueSetting(r[1], bool(r[2]), bool(r[3])) for r in rows}
         settings = {name: found.get(name, QueueSetting()) for name in names}
         self.apply(settings)
         return settings

@@ -79,7 +79,7 @@ FROM {cron} ORDER BY name
 CRON_ROW = "SELECT * FROM {cron} WHERE name = %(name)s"
 
 READ_SETTINGS = """
-SELECT name, global_concurrency, paused FROM {queues} WHERE name = ANY(%(names)s)
+SELECT name, global_concurrency, paused, fanout FROM {queues} WHERE name = ANY(%(names)s)
 """
 
 SET_LIMIT = """
@@ -96,6 +96,11 @@ ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()
 # Dead-letter forwarding (shigoto.relations.forwarding): the whole setting is replaced. Written
 # only when it differs, and RETURNING says whether it did, so the operator can run it on every
 # pass (closing drift made in the database) and report a change only when there was one.
+SET_FANOUT = """
+INSERT INTO {queues} (name, fanout) VALUES (%(name)s, %(fanout)s)
+ON CONFLICT (name) DO UPDATE SET fanout = excluded.fanout, updated_at = now()
+"""
+
 SET_FORWARD = """
 INSERT INTO {queues} AS q (name, forward) VALUES (%(name)s, %(forward)s)
 ON CONFLICT (name) DO UPDATE SET forward = excluded.forward, updated_at = now()

@@ -69,6 +69,8 @@ class Producer(Service):
         self.global_limit: int | None = None
         #: A paused queue keeps its running jobs but claims nothing new.
         self.paused = False
+        #: A fan-out queue: this runner claims its own delivery of each job (runtime.fanout).
+        self.fanout = False
         self.running: dict[int, tuple[Job, asyncio.Task[None]]] = {}
         self._wake = asyncio.Event()
         self._claiming = True

@@ -36,7 +36,7 @@ from shigoto.db import statements
 from shigoto.db.migrate import current_version, latest_version, migrate
 from shigoto.errors import ConfigurationError, Error, MigrationError
 from shigoto.job import Job
-from shigoto.runtime import rescuer
+from shigoto.runtime import fanout, rescuer
 from shigoto.runtime.completer import Completer
 from shigoto.runtime.elector import Elector
 from shigoto.runtime.executor import (
@@ -177,6 +177,10 @@ class Runner:
         self.limits = GlobalLimits(lambda: self._pool, self.stmts, self.node,
                                    self._queue_limited)  # fmt: skip
         self.progress = ProgressWriter(lambda: self._pool, self.stmts)
+        #: Jobs claimed as fan-out deliveries, whose outcome goes to their delivery row.
+        self._fanout_ids: set[int] = set()
+        #: The shared settings last read, by queue (runtime producers start from them).
+        self._queue_settings: dict[str, QueueSetting] = {}
         self.ready = asyncio.Event()
         self.producers: dict[str, Producer] = {}
         self._stop = asyncio.Event()
@@ -273,8 +277,11 @@ class Runner:
                                stuck_after=self.stuck_after, on_discard=self._pending_discards,
                                clock=self.clock),
             "heartbeat": heartbeat,
+            "fanout-sweeper": fanout.FanoutSweeper(pool, self.schema, s.stage_interval,
+                                                   is_leader=leader, clock=self.clock),
             "queue-settings": QueueSettingsWatcher(
-                pool, self.schema, lambda: list(self.producers), self._apply_settings,
+                pool, self.schema, lambda: sorted(set(self.producers) | set(self.queues)),
+                self._apply_settings,
                 s.settings_interval),
         }  # fmt: skip
         await services["queue-settings"].run_once()  # limits known before the first claim
@@ -428,6 +435,7 @@ class Runner:
         await self._drain_producers([producer], self.settings.shutdown_timeout)
 
     def _apply_settings(self, settings: dict[str, QueueSetting]) -> None:
+        self._queue_settings.update(settings)
         for name, setting in settings.items():
             producer = self.producers.get(name)
             if producer is None:
@@ -436,6 +444,7 @@ class Runner:
                 producer.wake()
             producer.paused = setting.paused
             producer.global_limit = setting.global_concurrency
+            producer.fanout = setting.fanout
 
     async def _completer_room(self) -> None:
         """Claim only while the completer's backlog is below its bound."""
@@ -449,6 +458,15 @@ class Runner:
             node=self.node, room=self._completer_room,
         )  # fmt: skip
         producer.global_limit = self.global_concurrency.get(queue)
+        setting = self._queue_settings.get(queue)
+        if setting is None:
+            # Not read yet (a queue added at run time): claim nothing until the watcher has
+            # read it, or a fan-out queue would be claimed as a plain one.
+            producer.paused = True
+        else:
+            producer.paused = setting.paused
+            producer.global_limit = setting.global_concurrency
+            producer.fanout = setting.fanout
         self.producers[queue] = producer
         self._producer_tasks[queue] = producer.start()
         producer.wake()
@@ -461,6 +479,8 @@ class Runner:
         statement = self.stmts.claim
         producer = self.producers.get(queue)
         global_limit = producer.global_limit if producer is not None else None
+        if producer is not None and producer.fanout:
+            return await self._claim_deliveries(queue, limit)
         async with self._pool.connection() as conn:
             saturated = await self.limits.saturated(conn)
             if saturated:
@@ -472,6 +492,16 @@ class Runner:
                 limited = (self.stmts.claim_excluding_limited if saturated
                            else self.stmts.claim_limited)  # fmt: skip
                 jobs = await self._claim_limited(conn, limited, params, global_limit)
+        jobs.sort(key=lambda j: (-j.priority, j.scheduled_at, j.id))
+        return jobs
+
+    async def _claim_deliveries(self, queue: str, limit: int) -> list[Job]:
+        """A fan-out queue's claim: this runner's own delivery of each new job."""
+        assert self._pool is not None
+        async with self._pool.connection() as conn:
+            cur = conn.cursor(row_factory=_job_rows)
+            jobs = await fanout.claim(cur, self.schema, queue, self.node, limit)
+        self._fanout_ids.update(j.id for j in jobs)
         jobs.sort(key=lambda j: (-j.priority, j.scheduled_at, j.id))
         return jobs
 
@@ -504,8 +534,23 @@ class Runner:
         The completion carries the last reported progress itself."""
         assert self._executor is not None and self._completer is not None
         completion = await self._executor.execute(job)
-        self._completer.submit(completion)
+        if job.id in self._fanout_ids:
+            await self._finish_delivery(completion)
+        else:
+            self._completer.submit(completion)
         return completion
+
+    async def _finish_delivery(self, completion: Completion) -> None:
+        """Record a fan-out delivery. A failed write is logged and left to the sweep: this
+        runner's delivery stays 'executing', which only the runner's own departure clears."""
+        assert self._pool is not None
+        try:
+            await fanout.finish_delivery(self._pool, self.schema, self.node, completion)
+        except psycopg.Error as exc:
+            log.warning("recording the fan-out delivery of job %s failed: %s",
+                        completion.job.id, exc)  # fmt: skip
+        finally:
+            self._fanout_ids.discard(completion.job.id)
 
     def _queue_limited(self, queue: str) -> bool:
         producer = self.producers.get(queue)

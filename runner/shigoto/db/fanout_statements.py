@@ -1,0 +1,74 @@
+"""The statements of fan-out queues (migration 0012): a runner's claim of its own deliveries,
+the record of one delivery's outcome, and the sweep that finishes jobs whose runners are gone.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from psycopg import sql
+
+from shigoto.job import JOB_COLUMNS, JobState
+
+#: What a fan-out claim returns for the job's own columns: the row is not changed by a
+#: delivery, so the attempt, state and runner are the delivery's.
+_AS_DELIVERED = {
+    "state": f"'{JobState.EXECUTING}'",
+    "attempt": "1",
+    "attempted_at": "now()",
+    "attempted_by": "%(node)s",
+}
+
+# A runner takes the available jobs of the queue that were inserted while it was serving
+# (its node row existed) and that it has not taken yet. The delivery row's primary key is the
+# claim: another session of the same runner cannot take the job twice, other runners are not
+# blocked (no row lock on the job).
+CLAIM = f"""
+WITH me AS (
+    SELECT started_at FROM {{nodes}} WHERE id = %(node)s
+), picked AS (
+    SELECT j.id FROM {{jobs}} AS j, me
+    WHERE j.state = 'available' AND j.queue = %(queue)s AND j.inserted_at >= me.started_at
+      AND NOT EXISTS (SELECT 1 FROM {{deliveries}} AS d
+                      WHERE d.job_id = j.id AND d.node_id = %(node)s)
+    ORDER BY j.priority DESC, j.scheduled_at, j.id
+    LIMIT %(limit)s
+), taken AS (
+    INSERT INTO {{deliveries}} (job_id, node_id)
+    SELECT id, %(node)s FROM picked
+    ON CONFLICT DO NOTHING
+    RETURNING job_id
+)
+SELECT {", ".join(_AS_DELIVERED.get(c, f"j.{c}") for c in JOB_COLUMNS)}
+FROM {{jobs}} AS j JOIN taken ON j.id = taken.job_id
+"""
+
+# Guarded by state: a delivery is finished once.
+FINISH_DELIVERY = """
+UPDATE {deliveries} SET state = %(state)s, finished_at = now(), error = %(error)s
+WHERE job_id = %(id)s AND node_id = %(node)s AND state = 'executing'
+"""
+
+# Run after FINISH_DELIVERY, as its own statement: the function must see that delivery.
+FINISH_JOBS = "SELECT {finish}(%(ids)s::bigint[])"
+
+# The leader's sweep: fan-out jobs whose required runners stopped or died, or that no runner
+# was serving when they were inserted, are finished here rather than by a delivery.
+SWEEP = """
+SELECT {finish}(array(
+    SELECT j.id FROM {jobs} AS j JOIN {queues} AS q ON q.name = j.queue AND q.fanout
+    WHERE j.state = 'available'
+    ORDER BY j.id
+    LIMIT %(limit)s))
+"""
+
+
+@functools.cache
+def compose(template: str, schema: str) -> sql.Composed:
+    return sql.SQL(template).format(
+        jobs=sql.Identifier(schema, "shigoto_jobs"),
+        nodes=sql.Identifier(schema, "shigoto_nodes"),
+        queues=sql.Identifier(schema, "shigoto_queues"),
+        deliveries=sql.Identifier(schema, "shigoto_fanout_deliveries"),
+        finish=sql.Identifier(schema, "shigoto_fanout_finish"),
+    )

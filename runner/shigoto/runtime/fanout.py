@@ -1,0 +1,98 @@
+"""Fan-out queues: every runner serving the queue runs each job once.
+
+A fan-out queue (`shigoto.set_queue(name, fanout=True)`) suits work every process must do
+itself: dropping a local cache, reloading configuration. Its jobs are never claimed by one
+runner; each runner that was serving the queue when a job was inserted takes its own
+*delivery* of it (a row in `shigoto_fanout_deliveries`), runs it, and records the outcome
+there. The job completes when every such runner has finished its delivery or is gone (shut
+down, or dead and forgotten by the rescuer); it is discarded instead when a delivery failed,
+with one error per failed runner, and its result maps each runner to its outcome.
+
+A delivery runs once: a failure is recorded, not retried (the point of a broadcast is that it
+reaches everyone now; a runner that missed it can be told again by a new job). A Snooze is
+recorded as a failure for the same reason. Global limits do not apply to fan-out queues.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from shigoto import telemetry
+from shigoto._service import Service
+from shigoto.clock import SYSTEM, Clock
+from shigoto.db import fanout_statements
+from shigoto.job import JobState
+from shigoto.runtime.executor import Completion
+
+#: Jobs the sweep looks at per tick.
+SWEEP_LIMIT = 1_000
+
+
+def delivery_outcome(completion: Completion) -> tuple[str, str | None]:
+    """A delivery's recorded state and error for the outcome of its one attempt."""
+    if completion.state is JobState.COMPLETED:
+        return "completed", None
+    if completion.snooze:
+        return "failed", "snoozed: a fan-out delivery is not rescheduled"
+    error = (completion.error or {}).get("error") or str(completion.state)
+    return "failed", error
+
+
+async def finish_delivery(
+    pool: AsyncConnectionPool, schema: str, node: str, completion: Completion
+) -> bool:
+    """Record this runner's delivery of the job, then finish the job if it was the last one.
+    Returns whether the job finished."""
+    state, error = delivery_outcome(completion)
+    job_id = completion.job.id
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute(
+            fanout_statements.compose(fanout_statements.FINISH_DELIVERY, schema),
+            {"id": job_id, "node": node, "state": state, "error": error},
+        )
+        cur = await conn.execute(
+            fanout_statements.compose(fanout_statements.FINISH_JOBS, schema), {"ids": [job_id]}
+        )
+        finished = [row[0] for row in await cur.fetchall() if row[0] is not None]
+    telemetry.emit("fanout.delivery", {}, {"job_id": job_id, "queue": completion.job.queue,
+                                           "node": node, "outcome": state})  # fmt: skip
+    return bool(finished)
+
+
+async def claim(cur: Any, schema: str, queue: str, node: str, limit: int) -> Any:
+    """This runner's fan-out claim, on `cur` (a cursor with the job row factory)."""
+    await cur.execute(
+        fanout_statements.compose(fanout_statements.CLAIM, schema),
+        {"queue": queue, "node": node, "limit": limit},
+    )
+    return await cur.fetchall()
+
+
+class FanoutSweeper(Service):
+    """The leader's sweep: finishes fan-out jobs whose remaining runners are gone, and those
+    inserted while no runner served their queue (nobody is left to finish them otherwise)."""
+
+    name = "fanout-sweeper"
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        schema: str,
+        interval: float,
+        *,
+        is_leader: Any = None,
+        clock: Clock = SYSTEM,
+    ) -> None:
+        super().__init__(interval, is_leader, clock=clock)
+        self.pool = pool
+        self.schema = schema
+
+    async def run_once(self) -> list[int]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                fanout_statements.compose(fanout_statements.SWEEP, self.schema),
+                {"limit": SWEEP_LIMIT},
+            )
+            return [row[0] for row in await cur.fetchall() if row[0] is not None]

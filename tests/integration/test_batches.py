@@ -213,9 +213,10 @@ def test_the_last_job_finishing_after_the_seal_calls_back_once(conn, runners) ->
 
 
 def lock_waiters(conn: psycopg.Connection[Any]) -> int:
+    """Sessions waiting on a row (not the gated job's advisory lock)."""
     found = conn.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND wait_event_type = 'Lock'"
+        " AND wait_event_type = 'Lock' AND wait_event <> 'advisory'"
     ).fetchone()
     assert found is not None
     return int(found[0])
@@ -391,12 +392,18 @@ def test_a_sealed_or_unopened_batch_takes_no_jobs(conn) -> None:
     assert conn.execute("SELECT count(*) FROM shigoto_jobs").fetchone() == (1,)  # the callback
 
 
-def test_the_database_refuses_a_job_for_a_sealed_batch(conn) -> None:
+def test_the_database_refuses_a_job_for_a_sealed_batch(conn, db_url) -> None:
     """The trigger's own guard, for a writer that bypasses the client's check."""
     with batch(callback=DONE) as b:
         pass
     with pytest.raises(psycopg.errors.ForeignKeyViolation, match="sealed or does not exist"):
         conn.execute("INSERT INTO shigoto_jobs (worker, batch_id) VALUES ('x', %s)", (b.id,))
+    # Sealed in the very transaction that filled it: the join check is not remembered past it.
+    with psycopg.connect(db_url) as tx:
+        with batch(callback=DONE, conn=tx) as same:
+            same.enqueue(item, {"n": 1})
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            tx.execute("INSERT INTO shigoto_jobs (worker, batch_id) VALUES ('x', %s)", (same.id,))
 
 
 # -- the archive story --------------------------------------------------------------------------

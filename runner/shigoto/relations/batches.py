@@ -74,7 +74,20 @@ def apply(spec: S, options: Mapping[str, Any], defaults: Mapping[str, Any]) -> S
             "batch",
             f"batch {batch.id} is {why} and takes no more jobs; start another shigoto.batch(...)",
         )
-    return dataclasses.replace(spec, batch_id=batch.id)  # type: ignore[type-var]
+    return _with_batch(spec, batch.id)
+
+
+@functools.cache
+def _init_fields(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.init and f.name != "batch_id")
+
+
+def _with_batch(spec: S, batch_id: int) -> S:
+    """`dataclasses.replace(spec, batch_id=...)` without its per-call introspection of the
+    fields, which cost a batch job about a fifth of its enqueue time (10,000 per COPY)."""
+    cls = type(spec)
+    values = {name: getattr(spec, name) for name in _init_fields(cls)}
+    return cls(**values, batch_id=batch_id)  # type: ignore[no-any-return]
 
 
 def check_callback_args(callback_args: Any) -> dict[str, Any]:

@@ -386,10 +386,13 @@ def test_a_sealed_or_unopened_batch_takes_no_jobs(conn) -> None:
         with pytest.raises(shigoto.ValidationError) as caught:
             attempt()
         assert caught.value.field in ("batch", "jobs[0].batch")
+    with pytest.raises(shigoto.ValidationError, match="already entered"), b:
+        pass
     with pytest.raises(shigoto.ValidationError) as caught, batch(callback=DONE) as other:
         other.enqueue(item, {"n": 1}, conn=None)
     assert caught.value.field == "conn"
     assert conn.execute("SELECT count(*) FROM shigoto_jobs").fetchone() == (1,)  # the callback
+    assert conn.execute("SELECT count(*) FROM shigoto_batches").fetchone() == (2,)
 
 
 def test_the_database_refuses_a_job_for_a_sealed_batch(conn, db_url) -> None:

@@ -131,10 +131,10 @@ class _BatchBase(batches.BatchRef):
     def _where(self) -> dict[str, Any]:
         return {"conn": self._conn, "database_url": self._url, "schema": self.schema}
 
-    def _entered(self, batch_id: int) -> None:
+    def _entering(self) -> None:
+        """A batch is filled once: entering it again would mix two fillings' jobs."""
         if self.id is not None:
             raise ValidationError("batch", f"batch {self.id} was already entered; make a new one")
-        self.id = batch_id
 
     def _exited(self, failed: bool) -> bool:
         """Whether to seal: only a block that ran to its end filled the batch."""
@@ -189,7 +189,8 @@ class Batch(_BatchBase):
         return self._run(batches.get_steps(self.schema, self.id))  # type: ignore[no-any-return]
 
     def __enter__(self) -> Batch:
-        self._entered(self._run(batches.create_steps(self.schema, self._callbacks)))
+        self._entering()
+        self.id = self._run(batches.create_steps(self.schema, self._callbacks))
         return self
 
     def __exit__(
@@ -260,7 +261,8 @@ class AsyncBatch(_BatchBase):
         return await self._run(batches.get_steps(self.schema, self.id))  # type: ignore[no-any-return]
 
     async def __aenter__(self) -> AsyncBatch:
-        self._entered(await self._run(batches.create_steps(self.schema, self._callbacks)))
+        self._entering()
+        self.id = await self._run(batches.create_steps(self.schema, self._callbacks))
         return self
 
     async def __aexit__(

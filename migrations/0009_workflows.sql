@@ -13,6 +13,10 @@
 -- Set on a parent when a child starts waiting for it, so the trigger's WHEN clause keeps every
 -- other job's final transition from calling the function at all.
 ALTER TABLE shigoto_jobs ADD COLUMN IF NOT EXISTS has_dependents boolean NOT NULL DEFAULT false;
+-- The archive keeps the jobs table's columns (plus archived_at); archived jobs never resolve
+-- anything, so there it is only kept for the shape.
+ALTER TABLE shigoto_jobs_archive ADD COLUMN IF NOT EXISTS has_dependents boolean NOT NULL
+    DEFAULT false;
 
 -- Finds the waiting children of a parent (depends_on @> ARRAY[parent]); only waiting rows are
 -- indexed, so the index stays as small as the set of jobs waiting right now. fastupdate off:

@@ -37,11 +37,14 @@ LANGUAGE sql STABLE AS $$
         'traceback', NULL))
 $$;
 
--- BEFORE INSERT of a job with parents: lock the parents' rows (so none can finish unseen
+-- AFTER INSERT of a job with parents: lock the parents' rows (so none can finish unseen
 -- between this decision and the commit: its own transition waits for ours and its trigger then
 -- sees this child), then decide: cancelled at once if a parent failed and the policy is
--- 'cancel'; waiting if a parent is still live (and that parent flagged); else as inserted.
--- Parents already pruned to the archive are finished by definition.
+-- 'cancel'; waiting if a parent is still live (and that parent flagged); else runnable.
+-- Parents already pruned to the archive are finished by definition. AFTER, not BEFORE: a
+-- BEFORE row trigger, whatever its WHEN clause, makes PostgreSQL's COPY insert every row one
+-- by one, plain jobs included. The client's insert hook usually writes the child as waiting
+-- already (sync connections), so the common case updates nothing but the parents' flag.
 CREATE OR REPLACE FUNCTION shigoto_workflow_admit() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
@@ -49,6 +52,8 @@ DECLARE
     failed_id bigint;
     failed_state text;
     known integer;
+    waiting boolean := NEW.state = 'scheduled'
+                       AND NEW.scheduled_at = '9999-12-31 00:00:00+00';
 BEGIN
     SELECT array_agg(p.id) FILTER (WHERE p.state NOT IN ('completed', 'discarded', 'cancelled')),
            count(*)
@@ -61,30 +66,38 @@ BEGIN
           SELECT id, state FROM shigoto_jobs_archive WHERE id = ANY(NEW.depends_on)) AS f
     WHERE f.state IN ('discarded', 'cancelled')
     ORDER BY f.id LIMIT 1;
-    known := known + (SELECT count(*) FROM shigoto_jobs_archive
-                      WHERE id = ANY(NEW.depends_on));
-    IF known < (SELECT count(DISTINCT d) FROM unnest(NEW.depends_on) AS d) THEN
-        RAISE EXCEPTION 'job depends on a job that does not exist: %', NEW.depends_on
-            USING ERRCODE = 'foreign_key_violation';
+    IF known < cardinality(NEW.depends_on) THEN
+        known := known + (SELECT count(*) FROM shigoto_jobs_archive
+                          WHERE id = ANY(NEW.depends_on));
+        IF known < (SELECT count(DISTINCT d) FROM unnest(NEW.depends_on) AS d) THEN
+            RAISE EXCEPTION 'job depends on a job that does not exist: %', NEW.depends_on
+                USING ERRCODE = 'foreign_key_violation',
+                      HINT = 'enqueue the parents first (shigoto.workflow() does it for a graph)';
+        END IF;
     END IF;
     IF failed_id IS NOT NULL AND coalesce(NEW.on_parent_failure, 'cancel') = 'cancel' THEN
-        NEW.state := 'cancelled';
-        NEW.finished_at := now();
-        NEW.errors := NEW.errors || shigoto_parent_failed_error(NEW.attempt, failed_id,
-                                                                failed_state);
+        UPDATE shigoto_jobs
+        SET state = 'cancelled', finished_at = now(),
+            errors = errors || shigoto_parent_failed_error(attempt, failed_id, failed_state)
+        WHERE id = NEW.id;
     ELSIF live IS NOT NULL THEN
         UPDATE shigoto_jobs SET has_dependents = true
         WHERE id = ANY(live) AND NOT has_dependents;
-        NEW.state := 'scheduled';
-        NEW.scheduled_at := '9999-12-31 00:00:00+00';
+        IF NOT waiting THEN
+            UPDATE shigoto_jobs SET state = 'scheduled', scheduled_at = '9999-12-31 00:00:00+00'
+            WHERE id = NEW.id;
+        END IF;
+    ELSIF waiting THEN  -- marked waiting by a client whose parents have all finished since
+        UPDATE shigoto_jobs SET state = 'available', scheduled_at = now() WHERE id = NEW.id;
+        PERFORM pg_notify('shigoto_insert', current_schema() || '.' || NEW.queue);
     END IF;
-    RETURN NEW;
+    RETURN NULL;
 END
 $$;
 
 DROP TRIGGER IF EXISTS shigoto_jobs_workflow_admit ON shigoto_jobs;
 CREATE TRIGGER shigoto_jobs_workflow_admit
-    BEFORE INSERT ON shigoto_jobs
+    AFTER INSERT ON shigoto_jobs
     FOR EACH ROW WHEN (NEW.depends_on IS NOT NULL)
     EXECUTE FUNCTION shigoto_workflow_admit();
 

@@ -1,9 +1,9 @@
 """Workflows: jobs that wait for other jobs (`depends_on`), and the graph logic of the builder.
 
 A job with parents is decided on by PostgreSQL, never by a runner's memory: migration 0009's
-BEFORE INSERT trigger locks the parents' rows and inserts the child waiting (`scheduled`, at
-`WAITING_AT`), cancelled (a parent already failed, policy "cancel") or runnable; its AFTER
-UPDATE OF state trigger releases or cancels the children in the transaction that finishes a
+AFTER INSERT trigger locks the parents' rows and leaves the child waiting (`scheduled`, at
+`WAITING_AT`), cancelled (a parent already failed, policy "cancel") or runnable, in the
+inserting statement; its AFTER UPDATE OF state trigger releases or cancels the children in the transaction that finishes a
 parent, whichever code path finishes it. So a runner killed between a parent's completion and
 its child's release cannot exist: they are one commit.
 

@@ -344,7 +344,8 @@ def test_plain_enqueue_with_batch_joins_it(conn) -> None:
     with batch(callback=DONE) as b:
         shigoto.enqueue(item, {"n": 1}, batch=b)
         shigoto.enqueue_many([{"worker": item, "args": {"n": 2}, "batch": b}])
-    assert batch_row(conn, b.id)["total"] == 2
+        shigoto.enqueue_many([{"worker": item, "args": {"n": n}} for n in (3, 4)], batch=b)
+    assert batch_row(conn, b.id)["total"] == 4
 
 
 # -- validation: nothing written ----------------------------------------------------------------

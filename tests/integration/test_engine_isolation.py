@@ -100,6 +100,16 @@ async def test_results_outcomes_errors_and_progress_come_back(
     assert row(conn, klass.id)["result"] not in (None, os.getpid())
 
 
+async def test_an_isolated_child_sees_its_parents_results(
+    conn: psycopg.Connection, runner: shigoto.Runner
+) -> None:
+    parents = [shigoto.enqueue(w.isolated_ok, {"x": x}) for x in (1, 20)]
+    child = shigoto.enqueue(w.isolated_sum_of_parents, {}, depends_on=[p.id for p in parents])
+    await until(lambda: state(conn, child.id) == "completed", timeout=DEADLINE,
+                message="the child ran after its parents")  # fmt: skip
+    assert row(conn, child.id)["result"] == 42  # 2 * 1 + 2 * 20
+
+
 def test_isolation_is_validated() -> None:
     def perform() -> None: ...
 

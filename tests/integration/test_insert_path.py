@@ -54,8 +54,11 @@ def metas(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
     return [r[0] for r in conn.execute("SELECT meta FROM shigoto_jobs ORDER BY id").fetchall()]
 
 
-def test_no_hook_is_registered_by_default() -> None:
-    assert inserts.HOOKS == []
+def test_only_the_workflow_check_is_registered_by_default() -> None:
+    """Shigoto's own hook refuses unknown workflow parents before writing; users add theirs."""
+    from shigoto.relations import workflows
+
+    assert [workflows.check_parents] == inserts.HOOKS
 
 
 def test_a_hook_sees_and_transforms_single_and_bulk_inserts(

@@ -163,8 +163,12 @@ def test_unknown_parents_are_a_validation_error_and_nothing_is_written(
 
 async def test_unknown_parents_are_refused_on_an_async_connection_too(db_url: str) -> None:
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as aconn:
-        with pytest.raises(psycopg.errors.ForeignKeyViolation, match="does not exist"):
+        with pytest.raises(shigoto.ValidationError, match="987654") as raised:
             await shigoto.aenqueue(STEP, {"name": "b"}, depends_on=[987654], conn=aconn)
+        assert raised.value.field == "depends_on"
+        with pytest.raises(shigoto.ValidationError, match="does not exist"):
+            await shigoto.aenqueue_many([{"worker": STEP, "args": {"name": "c"},
+                                          "depends_on": [987655]}] * 2, conn=aconn)  # fmt: skip
         found = await (await aconn.execute("SELECT count(*) FROM shigoto_jobs")).fetchone()
         assert found == (0,)
 

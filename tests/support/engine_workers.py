@@ -127,6 +127,12 @@ def isolated_ok(x: int) -> dict[str, Any]:
     return {"pid": os.getpid(), "x": x * 2}
 
 
+@shigoto.worker(isolation="process", max_attempts=1)
+def isolated_sum_of_parents() -> int:
+    """A workflow child in a child process: its parents' results cross the process boundary."""
+    return sum(r["x"] for r in shigoto.current_job().parent_results.values())
+
+
 class Unpicklable(Exception):
     def __init__(self, code: int, detail: str) -> None:
         super().__init__(f"code {code}: {detail}")

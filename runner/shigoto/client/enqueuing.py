@@ -42,8 +42,13 @@ def _spec(worker: Any, args: Mapping[str, Any] | None, options: dict[str, Any]) 
     return jobspec.build(worker, args, **options)
 
 
-def _specs(jobs: Iterable[Mapping[str, Any]]) -> list[JobSpec]:
-    return jobspec.build_many(list(jobs))
+def _specs(jobs: Iterable[Mapping[str, Any]], batch: Any = None) -> list[JobSpec]:
+    """Validated specs; `batch` joins every entry that names no batch of its own."""
+    entries = list(jobs)
+    if batch is not None:
+        entries = [e if not isinstance(e, Mapping) or "batch" in e else {**e, "batch": batch}
+                   for e in entries]  # fmt: skip
+    return jobspec.build_many(entries)
 
 
 def _target(schema: str | None, database_url: str | None, conn: Any) -> tuple[str, str | None]:
@@ -96,12 +101,14 @@ def enqueue(
 def enqueue_many(
     jobs: Iterable[Mapping[str, Any]],
     *,
+    batch: Any = None,
     conn: psycopg.Connection[Any] | None = None,
     database_url: str | None = None,
     schema: str | None = None,
 ) -> list[Job]:
-    """Insert many jobs all-or-nothing, in a constant number of round trips (COPY)."""
-    specs = _specs(jobs)
+    """Insert many jobs all-or-nothing, in a constant number of round trips (COPY).
+    `batch=` (a `shigoto.batch`) puts every job in that batch."""
+    specs = _specs(jobs, batch)
     if not specs:
         return []
     if interceptor is not None:
@@ -163,12 +170,13 @@ async def aenqueue(
 async def aenqueue_many(
     jobs: Iterable[Mapping[str, Any]],
     *,
+    batch: Any = None,
     conn: psycopg.AsyncConnection[Any] | None = None,
     database_url: str | None = None,
     schema: str | None = None,
 ) -> list[Job]:
     """`enqueue_many` for asyncio."""
-    specs = _specs(jobs)
+    specs = _specs(jobs, batch)
     if not specs:
         return []
     if interceptor is not None:

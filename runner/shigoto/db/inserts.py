@@ -453,14 +453,29 @@ def _caller_commits(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
     return not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
 
 
+#: How migration 0009's trigger words an unknown parent.
+_UNKNOWN_PARENT = "job depends on a job that does not exist"
+
+
 class _TooLarge:
-    """PostgreSQL's size limits as a ValidationError, like every other input problem. Both a
-    sync and an async context manager, so the twins share one `with` line."""
+    """PostgreSQL's refusals of bad input as a ValidationError, like every other input problem:
+    its size limits, and the workflow trigger's unknown parents (the sync path checks parents
+    in a hook before writing; an async insert learns it from the trigger, with nothing
+    written either way). Both a sync and an async context manager, so the twins share one
+    `with` line."""
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: Any) -> None:
+        if isinstance(exc, psycopg.errors.ForeignKeyViolation) and (
+            exc.diag.message_primary or ""
+        ).startswith(_UNKNOWN_PARENT):
+            raise ValidationError(
+                "depends_on",
+                f"{exc.diag.message_primary}; give the ids of jobs that exist (a parent that "
+                "was pruned to the archive counts as finished)",
+            ) from None
         if isinstance(exc, psycopg.errors.ProgramLimitExceeded):
             raise ValidationError(
                 "args",

@@ -3,9 +3,9 @@
 A job with parents is decided on by PostgreSQL, never by a runner's memory: migration 0009's
 AFTER INSERT trigger locks the parents' rows and leaves the child waiting (`scheduled`, at
 `WAITING_AT`), cancelled (a parent already failed, policy "cancel") or runnable, in the
-inserting statement; its AFTER UPDATE OF state trigger releases or cancels the children in the transaction that finishes a
-parent, whichever code path finishes it. So a runner killed between a parent's completion and
-its child's release cannot exist: they are one commit.
+inserting statement; its AFTER UPDATE OF state trigger releases or cancels the children in
+the transaction that finishes a parent, whichever code path finishes it. So a runner killed
+between a parent's completion and its child's release cannot exist: they are one commit.
 
 What lives here, besides validating the options (`apply`):
 

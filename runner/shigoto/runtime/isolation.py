@@ -44,7 +44,7 @@ def _fields(ctx: JobContext) -> dict[str, Any]:
     return {
         "id": ctx.id, "attempt": ctx.attempt, "args": ctx.args, "worker": ctx.worker,
         "queue": ctx.queue, "max_attempts": ctx.max_attempts, "tags": ctx.tags,
-        "meta": ctx.meta,
+        "meta": ctx.meta, "parent_results": ctx.parent_results,
     }  # fmt: skip
 
 

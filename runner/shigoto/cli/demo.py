@@ -4,8 +4,11 @@ The demo migrates a schema of its own (`shigoto_demo`), clears what an earlier r
 demo queues, starts an in-process `shigoto.Runner` with the workers of `shigoto.cli.demo_workers`,
 and enqueues one batch that tells a story for every outcome: plain jobs, two priorities,
 scheduled jobs, a job that fails twice then succeeds, one that snoozes, one that reports
-progress, two that are discarded and one that is cancelled. It shows live counts by state and a
-feed of telemetry events, stops once every job is finished, and prints the final tables.
+progress, two that are discarded and one that is cancelled. Next to it go a small workflow (an
+order: `reserve_stock`, then `charge_payment` and `pack_parcel` side by side, then `ship_order`,
+which reads its parents' results) and a batch of three thumbnails whose callback `album_ready`
+receives the counts. It shows live counts by state and a feed of telemetry events, stops once
+every job is finished, and prints the final tables.
 
 `run()` returns a `DemoReport` (the final rows and what went against the story), so tests
 assert on data; `main()` is what the CLI calls and turns the report into an exit code.
@@ -35,7 +38,9 @@ from rich.text import Text
 
 from shigoto import config, telemetry
 from shigoto.cli import demo_workers as workers
+from shigoto.client.batching import AsyncBatch, abatch
 from shigoto.client.enqueuing import aenqueue_many
+from shigoto.client.workflow import Workflow, workflow
 from shigoto.db.migrate import migrate
 from shigoto.errors import Discard, Error
 from shigoto.job import FINISHED_STATES, JobState
@@ -84,7 +89,19 @@ STORIES: dict[str, Story] = {
     "rejected": Story("raises Discard", JobState.DISCARDED, 1),
     "exhausted": Story("fails its one attempt", JobState.DISCARDED, 1),
     "cancelled": Story("raises Cancel", JobState.CANCELLED, 1),
+    "workflow": Story("workflow, a diamond", JobState.COMPLETED, 1),
+    "batch": Story("batch of thumbnails", JobState.COMPLETED, 1),
+    "callback": Story("batch callback", JobState.COMPLETED, 1),
 }
+#: The order workflow: each step and the steps it runs after.
+WORKFLOW_STEPS = {
+    "reserve_stock": (),
+    "charge_payment": ("reserve_stock",),
+    "pack_parcel": ("reserve_stock",),
+    "ship_order": ("charge_payment", "pack_parcel"),
+}
+#: How many thumbnails the batch holds: the count its callback must receive.
+BATCH_SIZE = 3
 
 
 def demo_jobs(now: float) -> list[dict[str, Any]]:
@@ -110,6 +127,42 @@ def demo_jobs(now: float) -> list[dict[str, Any]]:
     return jobs
 
 
+def demo_workflow(order_id: int = 1003) -> Workflow:
+    """The order workflow (`WORKFLOW_STEPS`), a diamond; each step is named for its worker."""
+    args: dict[str, dict[str, Any]] = {
+        "reserve_stock": {"order_id": order_id, "items": ["tea", "kettle"]},
+        "charge_payment": {"order_id": order_id, "amount": 42.5},
+        "pack_parcel": {"order_id": order_id},
+        "ship_order": {"order_id": order_id},
+    }
+    flow = workflow(f"order {order_id}")
+    for step, after in WORKFLOW_STEPS.items():
+        flow.add(step, getattr(workers, step), args[step], after=list(after),
+                 meta={"story": "workflow"})  # fmt: skip
+    return flow
+
+
+async def enqueue_batch(conn: psycopg.AsyncConnection[Any], schema: str) -> AsyncBatch:
+    """The thumbnails, in a batch whose callback `album_ready` the database enqueues once
+    they all finished; the callback job's meta names the batch, not a story."""
+    async with abatch(callback=workers.album_ready, callback_args={"album": "holiday"},
+                      conn=conn, schema=schema) as batch:  # fmt: skip
+        await batch.enqueue_many(
+            {"worker": workers.make_thumbnail, "args": {"photo": f"holiday-{i}.jpg"},
+             "meta": {"story": "batch"}}
+            for i in range(1, BATCH_SIZE + 1)
+        )  # fmt: skip
+    return batch
+
+
+def story_of(meta: dict[str, Any] | None) -> str:
+    """The story a job tells: its meta says so, or, for a batch callback, the batch does."""
+    meta = meta or {}
+    if "story" in meta:
+        return str(meta["story"])
+    return "callback" if "batch_callback" in meta else "?"
+
+
 # -- the report --------------------------------------------------------------------------------
 
 
@@ -131,20 +184,30 @@ class DemoJob:
     scheduled_at: datetime
     attempted_at: datetime | None
     finished_at: datetime | None
+    args: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    depends_on: list[int] | None = None
+    batch_id: int | None = None
 
     @property
     def short_worker(self) -> str:
         return self.worker.rpartition(".")[2]
 
+    @property
+    def step(self) -> str | None:
+        """The workflow step this job is, if any."""
+        return (self.meta.get("workflow") or {}).get("step")
+
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> DemoJob:
         return cls(
-            id=row["id"], story=(row["meta"] or {}).get("story", "?"), worker=row["worker"],
+            id=row["id"], story=story_of(row["meta"]), worker=row["worker"],
             queue=row["queue"], state=JobState(row["state"]), priority=row["priority"],
             attempt=row["attempt"], errors=row["errors"], result=row["result"],
             progress=row["progress"], inserted_at=row["inserted_at"],
             scheduled_at=row["scheduled_at"], attempted_at=row["attempted_at"],
-            finished_at=row["finished_at"],
+            finished_at=row["finished_at"], args=row["args"] or {}, meta=row["meta"] or {},
+            depends_on=row["depends_on"], batch_id=row["batch_id"],
         )  # fmt: skip
 
 
@@ -214,7 +277,55 @@ def check(
     for j in by_story["rejected"]:
         if not any("contacts.xlsx" in notice for notice in notices):
             problems["rejected"].append(f"on_discard was not called for job {j.id}")
+    problems["workflow"] += _check_workflow(by_story["workflow"])
+    problems["batch"] += _check_batch(by_story["batch"])
+    if not problems["batch"]:
+        problems["callback"] += _check_callback(by_story["callback"], by_story["batch"][0])
     return problems
+
+
+def _check_workflow(steps: list[DemoJob]) -> list[str]:
+    """Every step once, each started after its parents finished, and the last step saw both
+    parents' results."""
+    by_step = {j.step: j for j in steps}
+    if sorted(j.step or "?" for j in steps) != sorted(WORKFLOW_STEPS):
+        return [f"steps {sorted(j.step or '?' for j in steps)}, expected {sorted(WORKFLOW_STEPS)}"]
+    problems = []
+    for step, after in WORKFLOW_STEPS.items():
+        job = by_step[step]
+        parents = [by_step[p] for p in after]
+        if sorted(job.depends_on or []) != sorted(p.id for p in parents):
+            problems.append(f"{step} #{job.id} depends on {job.depends_on}, expected "
+                            f"{sorted(p.id for p in parents)}")  # fmt: skip
+        for parent in parents:
+            if (job.attempted_at is not None and parent.finished_at is not None
+                    and job.attempted_at < parent.finished_at):  # fmt: skip
+                problems.append(f"{step} #{job.id} started before {parent.step} finished")
+    ship = by_step["ship_order"]
+    parent_ids = sorted(by_step[p].id for p in WORKFLOW_STEPS["ship_order"])
+    if not isinstance(ship.result, dict) or ship.result.get("parents") != parent_ids:
+        problems.append(f"ship_order #{ship.id} did not see its parents' results: {ship.result}")
+    return problems
+
+
+def _check_batch(members: list[DemoJob]) -> list[str]:
+    """The thumbnails all went into one batch."""
+    batch_ids = {j.batch_id for j in members}
+    if len(members) != BATCH_SIZE or len(batch_ids) != 1 or None in batch_ids:
+        return [f"{len(members)} thumbnails in batches {batch_ids}, expected {BATCH_SIZE} in one"]
+    return []
+
+
+def _check_callback(callbacks: list[DemoJob], member: DemoJob) -> list[str]:
+    """The batch's callback job exists once, with every thumbnail counted as completed."""
+    if len(callbacks) != 1:
+        return [f"the batch callback job was enqueued {len(callbacks)} times, expected once"]
+    (callback,) = callbacks
+    want = {"id": member.batch_id, "total": BATCH_SIZE, "completed": BATCH_SIZE,
+            "discarded": 0, "cancelled": 0}  # fmt: skip
+    if callback.args.get("batch") != want:
+        return [f"callback #{callback.id} received {callback.args.get('batch')}, expected {want}"]
+    return []
 
 
 # -- running it --------------------------------------------------------------------------------
@@ -246,11 +357,18 @@ async def arun(
             run_task = asyncio.create_task(runner.run(), name="shigoto-demo-runner")
             try:
                 await _until_ready(runner, run_task)
-                batch = await aenqueue_many(demo_jobs(time.time()), conn=conn, schema=schema_name)
+                plain = await aenqueue_many(demo_jobs(time.time()), conn=conn, schema=schema_name)
+                flow = await demo_workflow().aenqueue(conn=conn, schema=schema_name)
+                feed.announce("⑂ workflow  ", f"{len(flow)} steps: reserve_stock → "
+                              "charge_payment, pack_parcel → ship_order")  # fmt: skip
+                batch = await enqueue_batch(conn, schema_name)
+                feed.announce("▦ batch     ", f"#{batch.id}: {BATCH_SIZE} thumbnails, "
+                              "then album_ready with the counts")  # fmt: skip
+                count = len(plain) + len(flow) + BATCH_SIZE
                 queues = " ".join(f"{q}={c}" for q, c in QUEUES.items())
-                console.print(f"[bold]Shigoto demo[/]: {len(batch)} jobs in schema {schema_name}, "
-                              f"queues (concurrency) {queues}", highlight=False,
-                              soft_wrap=True)  # fmt: skip
+                console.print(f"[bold]Shigoto demo[/]: {count} jobs and a batch callback in "
+                              f"schema {schema_name}, queues (concurrency) {queues}",
+                              highlight=False, soft_wrap=True)  # fmt: skip
                 jobs = await _watch(conn, schema_name, run_task, feed, console, started)
             finally:
                 await runner.stop()
@@ -372,6 +490,17 @@ def _quiet_logs() -> Iterator[None]:
         logger.setLevel(previous)
 
 
+def _role(meta: dict[str, Any]) -> str:
+    """What a job is part of, for its feed line."""
+    if "workflow" in meta:
+        return " (workflow step)"
+    if "batch_callback" in meta:
+        return " (batch callback)"
+    if meta.get("story") == "batch":
+        return " (in the batch)"
+    return ""
+
+
 def _error(error: BaseException) -> str:
     if isinstance(error, Discard):
         return str(error)
@@ -407,7 +536,7 @@ class _Feed:
             count = measurements["count"]
             return Text.assemble(("↻ due       ", "blue"), f"{count} made available on {queues}")
         job = metadata["job"]
-        name = f"{job.worker.rpartition('.')[2]} #{job.id}"
+        name = f"{job.worker.rpartition('.')[2]} #{job.id}{_role(job.meta or {})}"
         if event == "job.stop":
             took = measurements["duration"]
             return Text.assemble(("✓ completed ", "green"), name,
@@ -424,6 +553,10 @@ class _Feed:
         if event == "job.cancel":
             return Text.assemble(("○ cancelled ", "yellow"), name, f": {metadata['reason']}")
         return None
+
+    def announce(self, mark: str, text: str) -> None:
+        """A line for something the demo itself did (a workflow or a batch enqueued)."""
+        self._add(Text.assemble((mark, "bold"), text))
 
     def _add(self, text: Text) -> None:
         line = Text()
@@ -489,7 +622,7 @@ def stories_table(
             shown.append(f" {progress[0]}%")
         cells: list[RenderableType] = [
             story.title,
-            ", ".join(sorted({j.short_worker for j in group})),
+            ", ".join(dict.fromkeys(j.short_worker for j in group)),  # in enqueue order
             shown,
             str(max(j.attempt for j in group)) if group else "-",
         ]

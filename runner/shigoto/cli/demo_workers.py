@@ -1,4 +1,5 @@
-"""The example workers of `shigoto demo`: one small story for each outcome a perform can have.
+"""The example workers of `shigoto demo`: one small story for each outcome a perform can have,
+plus the steps of an order workflow and the jobs and callback of a batch.
 
 They live in an importable module, so the runner resolves them by name
 (`shigoto.cli.demo_workers.charge_card`) exactly as it resolves an application's own workers.
@@ -104,3 +105,56 @@ def parse_webhook(payload: str) -> Any:
 def refund_order(order_id: int) -> None:
     """Decides the job should not run after all, and cancels it."""
     raise shigoto.Cancel(f"order {order_id} was already refunded")
+
+
+# -- the order workflow: reserve_stock -> (charge_payment, pack_parcel) -> ship_order ----------
+
+
+@shigoto.worker(queue="demo")
+def reserve_stock(order_id: int, items: list[str]) -> dict[str, Any]:
+    """The workflow's first step: its two children wait (as `scheduled`) until it completes."""
+    time.sleep(0.3)
+    return {"reserved": items}
+
+
+@shigoto.worker(queue="demo")
+def charge_payment(order_id: int, amount: float) -> dict[str, Any]:
+    """One side of the diamond, running beside `pack_parcel`."""
+    time.sleep(0.4)
+    return {"charged": amount}
+
+
+@shigoto.worker(queue="demo")
+def pack_parcel(order_id: int) -> dict[str, Any]:
+    """The other side of the diamond."""
+    time.sleep(0.3)
+    return {"parcel": f"PCL-{order_id}"}
+
+
+@shigoto.worker(queue="demo")
+def ship_order(order_id: int) -> dict[str, Any]:
+    """The last step: runs once both parents completed, and reads what they returned."""
+    results = shigoto.current_job().parent_results  # {parent_id: result}
+    found = {key: value for result in results.values() if result for key, value in result.items()}
+    if "charged" not in found or "parcel" not in found:
+        raise shigoto.Discard(f"order {order_id} is not both paid and packed: {found}")
+    time.sleep(0.2)
+    return {"order_id": order_id, "parents": sorted(results), "charged": found["charged"],
+            "parcel": found["parcel"]}  # fmt: skip
+
+
+# -- the batch: three thumbnails, then album_ready with the counts -----------------------------
+
+
+@shigoto.worker(queue="demo-media")
+def make_thumbnail(photo: str) -> dict[str, Any]:
+    """A job of the batch; the batch counts it when it finishes."""
+    time.sleep(0.3)
+    return {"thumbnail": f"{photo}.thumb.jpg"}
+
+
+@shigoto.worker(queue="demo")
+def album_ready(album: str, batch: dict[str, int]) -> dict[str, Any]:
+    """The batch's callback, enqueued once by the database when every thumbnail finished;
+    `batch` holds the counts: id, total, completed, discarded, cancelled."""
+    return {"album": album, "thumbnails": batch["completed"], "of": batch["total"]}

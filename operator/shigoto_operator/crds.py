@@ -229,6 +229,12 @@ QUEUE_SCHEMA: dict[str, Any] = {
                 for state in FORWARD_STATES
             },
         },
+        "fanout": _boolean(
+            "Fan-out queue: every runner serving it runs each of its jobs once (a broadcast, "
+            "such as dropping a local cache); the job finishes when every runner that was "
+            "serving the queue has run it. Global limits do not apply to it.",
+            default=False,
+        ),
         "database": _database(),
         "runner": {
             "type": "object",

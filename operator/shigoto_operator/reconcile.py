@@ -197,34 +197,32 @@ async def _read_database(
 async def _apply_settings(
     spec: QueueSpec, db: Database, reading: Reading, emit: Emit
 ) -> Problem | None:
-    """Make the queue's shared settings (paused, global limit, dead-letter forwarding) in the
-    database say what the spec says; running runners pick a change up within seconds, and the
-    forwarding trigger reads `forward` in each finishing transaction. Written through the
-    database's own pool, which goes when the last object using the database does.
+    """Make the queue's shared settings (paused, global limit, dead-letter forwarding, fan-out)
+    in the database say what the spec says; running runners pick a change up within seconds,
+    and the forwarding trigger reads `forward` in each finishing transaction. Written through
+    the database's own pool, which goes when the last object using the database does.
 
     The counts reading carries paused and the limit, so those are written only when they
-    differ; `forward` is not in it, so it is written on every pass by a statement that changes
-    the row only when it differs (and says whether it did): drift closes on the next poll and
-    an Event reports only real changes."""
+    differ; `forward` and `fanout` are not in it, so they are written on every pass by
+    statements that change the row only when it differs (and say whether it did): drift
+    closes on the next poll and an Event reports only real changes."""
     wanted = (spec.paused, spec.global_concurrency)
     limits_differ = reading.paused is None or (reading.paused, reading.global_concurrency) != wanted
     forward = dict(spec.forward) if spec.forward else None
     try:
         async with db.pool.connection(timeout=QUERY_TIMEOUT) as conn:
-            if limits_differ:
-                write = queue_settings.write_settings(
-                    conn,
-                    spec.database.schema,
-                    spec.queue_name,
-                    paused=spec.paused,
-                    global_concurrency=spec.global_concurrency,
-                    forward=forward,
-                )
-            else:
-                write = queue_settings.write_forward(
-                    conn, spec.database.schema, spec.queue_name, forward
-                )
-            forward_changed = await asyncio.wait_for(write, QUERY_TIMEOUT)
+            write = queue_settings.write_settings(
+                conn,
+                spec.database.schema,
+                spec.queue_name,
+                paused=spec.paused if limits_differ else None,
+                global_concurrency=(
+                    spec.global_concurrency if limits_differ else queue_settings.UNSET
+                ),
+                forward=forward,
+                fanout=spec.fanout,
+            )
+            changed = await asyncio.wait_for(write, QUERY_TIMEOUT)
     except _DB_ERRORS as exc:
         return Problem("DatabaseUnreachable", f"{db.name}: writing queue settings: {exc}")
     except ValidationError as exc:  # parse_queue checked it already; a guard, not a path
@@ -237,9 +235,15 @@ async def _apply_settings(
             f"queue {spec.queue_name}: paused={str(spec.paused).lower()}, "
             f"globalConcurrency={limit}",
         )
-    if forward_changed:
+    if "forward" in changed:
         described = ", ".join(f"{k} -> {v}" for k, v in (forward or {}).items()) or "none"
         emit("Normal", "ForwardApplied", f"queue {spec.queue_name}: forward {described}")
+    if "fanout" in changed:
+        emit(
+            "Normal",
+            "FanoutApplied",
+            f"queue {spec.queue_name}: fanout={str(spec.fanout).lower()}",
+        )
     return None
 
 

@@ -105,6 +105,9 @@ class QueueSpec:
     #: Dead-letter forwarding, state -> target queue (only the states that are forwarded);
     #: None when nothing is. Written to the queue's settings as `shigoto.set_queue(forward=)`.
     forward: Mapping[str, str] | None = None
+    #: A fan-out queue (every runner serving it runs each job once); written to the queue's
+    #: settings as `shigoto.set_queue(fanout=)`.
+    fanout: bool = False
 
 
 @dataclass(frozen=True)
@@ -381,6 +384,7 @@ def parse_queue(name: str, namespace: str, spec: Mapping[str, Any] | None) -> Qu
         runner=_runner(s.get("runner")),
         autoscaling=_autoscaling(s.get("autoscaling")),
         forward=_forward(s.get("forward"), queue_name),
+        fanout=_boolean(s.get("fanout"), "fanout"),
     )
 
 

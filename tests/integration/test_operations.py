@@ -12,6 +12,7 @@ from psycopg_pool import AsyncConnectionPool
 import shigoto
 from shigoto.db import embedded, statements
 from shigoto.runtime.pruner import Pruner, PruneResult
+from tests.integration.test_cli import ok, shigoto_cli
 from tests.support import workers
 from tests.support.in_process import running
 from tests.support.waiting import count, row, state, until
@@ -61,7 +62,47 @@ def test_status_counts_jobs_by_queue_and_state(conn: psycopg.Connection[Any]) ->
 def test_status_of_an_empty_database() -> None:
     st = shigoto.status()
     assert st.counts == {} and st.nodes == []
-    assert st.as_dict() == {"queues": {}, "nodes": [], "cron": []}
+    assert st.as_dict() == {
+        "queues": {}, "nodes": [], "cron": [], "workflows": [], "waiting_on_parents": 0,
+    }  # fmt: skip
+
+
+def test_status_shows_forward_and_fanout(db_url: str) -> None:
+    """Forwarding and fan-out are queue settings like paused and the global limit: status,
+    `status --json` and the table show them, for queues with no jobs too."""
+    shigoto.set_queue("payments", forward={"discarded": "payments-dead"})
+    shigoto.set_queue("broadcast", fanout=True)
+    shigoto.set_queue("plain", fanout=False)  # at the defaults: no line
+    shigoto.enqueue("w", queue="broadcast")
+    st = shigoto.status()
+    assert st.settings == {
+        "broadcast": {"paused": False, "global_concurrency": None, "forward": None,
+                      "fanout": True},
+        "payments": {"paused": False, "global_concurrency": None,
+                     "forward": {"discarded": "payments-dead"}, "fanout": False},
+    }  # fmt: skip
+    assert st.setting("plain") == {
+        "paused": False, "global_concurrency": None, "forward": None, "fanout": False,
+    }  # fmt: skip
+
+    queues = ok(shigoto_cli(db_url, "status", "--json"))["queues"]
+    assert queues["payments"]["forward"] == {"discarded": "payments-dead"}
+    assert queues["payments"]["fanout"] is False and queues["payments"]["paused"] is False
+    assert queues["broadcast"]["fanout"] is True and queues["broadcast"]["forward"] is None
+    assert queues["broadcast"]["counts"]["available"] == 1
+    assert "plain" not in queues
+
+    text = shigoto_cli(db_url, "status")
+    assert text.returncode == 0, text.stderr
+    table = text.stdout.split("queue settings", 1)[1]
+    rows = {cells[0]: cells for line in table.splitlines()
+            if len(cells := [c.strip() for c in line.strip("│ ").split("│")]) == 5}  # fmt: skip
+    assert rows["payments"] == ["payments", "no", "-", "no", "discarded -> payments-dead"]
+    assert rows["broadcast"] == ["broadcast", "no", "-", "yes", "-"]
+
+    shigoto.set_queue("payments", forward=None)
+    shigoto.set_queue("broadcast", fanout=False)
+    assert shigoto.status().settings == {}
 
 
 async def test_status_lists_live_runner_nodes(db_url: str) -> None:

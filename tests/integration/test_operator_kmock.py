@@ -242,6 +242,35 @@ async def test_queue_forward_is_written_to_the_queue_settings(
         assert "ForwardApplied" in cluster.event_reasons()
 
 
+async def test_queue_fanout_is_written_to_the_queue_settings(
+    kmock: Any, db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    """spec.fanout reaches shigoto_queues.fanout (where runners read it), follows spec
+    changes, and has drift made in the database undone."""
+
+    def stored() -> Any:
+        found = conn.execute("SELECT fanout FROM shigoto_queues WHERE name = 'bcast'").fetchone()
+        return None if found is None else found[0]
+
+    async with running_operator(kmock) as cluster:
+        cluster.add_secret("pg", {"url": db_url})
+        await cluster.create(
+            k8s.QUEUES, QUEUE, "fan", queue_spec(queueName="bcast", fanout=True)
+        )
+        await eventually(lambda: _value(stored() is True), message="fanout written")
+        assert "FanoutApplied" in cluster.event_reasons()
+
+        await cluster.patch_spec(k8s.QUEUES, "fan", {"fanout": False})
+        await eventually(lambda: _value(stored() is False), message="fanout turned off")
+
+        # drift: someone turns it back on in the database -> put back on the next pass
+        conn.execute("UPDATE shigoto_queues SET fanout = true WHERE name = 'bcast'")
+        await eventually(lambda: _value(stored() is False), message="drift undone")
+
+        await cluster.patch_spec(k8s.QUEUES, "fan", {"fanout": True})
+        await eventually(lambda: _value(stored() is True), message="fanout turned on again")
+
+
 async def test_template_drift_is_corrected(kmock: Any, db_url: str) -> None:
     async with running_operator(kmock) as cluster:
         cluster.add_secret("pg", {"url": db_url})

@@ -422,6 +422,7 @@ def test_minimal_queue_gets_the_documented_defaults() -> None:
     assert spec == {
         "concurrency": 10,
         "paused": False,
+        "fanout": False,
         "database": {
             "secretRef": {"name": "db", "key": "url"},
             "schema": "public",
@@ -644,6 +645,8 @@ BAD = [
     ("queue-forward-long-name", _queue(forward={"cancelled": "q" * 129}),
      "schema: maxLength @ spec.forward.cancelled"),
     ("queue-forward-list", _queue(forward=["q-dead"]), "schema: type @ spec.forward"),
+    ("queue-fanout-text", _queue(fanout="true"), "schema: type @ spec.fanout"),
+    ("queue-fanout-number", _queue(fanout=1), "schema: type @ spec.fanout"),
     # metadata.name is q, which is the queue's name while queueName is left out
     ("queue-forward-to-itself-by-default", _queue(forward={"discarded": "q"}), FORWARD_SELF),
     ("queue-forward-to-itself", _queue(queueName="mail", forward={"cancelled": "mail"}),
@@ -716,6 +719,12 @@ def test_forwarding_to_other_queues_is_fine() -> None:
 def test_forward_self_message_says_how_to_fix() -> None:
     _, [rejection] = admit(_queue(forward={"discarded": "q"}))
     assert "spec.forward" in rejection.message and "-dead" in rejection.message
+
+
+def test_fanout_is_a_boolean_defaulting_to_false() -> None:
+    assert admit(_queue(fanout=True))[1] == []
+    assert crds.queue_defaults(_queue()["spec"])["fanout"] is False
+    assert crds.queue_defaults(_queue(fanout=True)["spec"])["fanout"] is True
 
 
 def test_equal_min_and_max_is_fine() -> None:

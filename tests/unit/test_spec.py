@@ -51,6 +51,7 @@ def test_minimal_queue_gets_every_default() -> None:
     assert q.runner.health_port == 8000
     assert q.runner.imports == ()
     assert q.forward is None
+    assert q.fanout is False
     assert q.autoscaling == AutoscalingSpec(
         mode="operator",
         min_replicas=0,
@@ -194,6 +195,7 @@ def test_parsed_spec_does_not_share_mutable_state_with_the_input() -> None:
             "spec.forward.cancelled",
             "cannot forward to itself",
         ),
+        (queue_spec(fanout="yes"), "spec.fanout", "must be true or false"),
     ],
 )
 def test_bad_queue_spec_names_the_field(spec: dict[str, Any], path: str, words: str) -> None:
@@ -211,6 +213,11 @@ def test_forward_keeps_the_forwarded_states_only() -> None:
     # the object's name may be the target when queueName names another queue
     named = parse_queue("q", "ns", queue_spec(queueName="mail", forward={"cancelled": "q"}))
     assert named.forward == {"cancelled": "q"}
+
+
+def test_fanout_is_parsed() -> None:
+    assert parse_queue("q", "ns", queue_spec(fanout=True)).fanout is True
+    assert parse_queue("q", "ns", queue_spec(fanout=False)).fanout is False
 
 
 def test_queue_object_name_must_leave_room_for_the_deployment_name() -> None:

@@ -517,24 +517,7 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(st.as_dict(), indent=2, default=str))
         return 0
     render_status(st)
-    if st.settings:
-        _render_settings(st)
     return 0
-
-
-def _render_settings(st: Any) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    table = Table(title="queue settings")
-    for name in ("queue", "paused", "global limit"):
-        table.add_column(name)
-    for queue, setting in sorted(st.settings.items()):
-        limit = setting["global_concurrency"]
-        table.add_row(escape(queue), "PAUSED" if setting["paused"] else "no",
-                      "-" if limit is None else str(limit))  # fmt: skip
-    Console(width=max(Console().width, 60)).print(table)
 
 
 def _bulk(action: str) -> Callable[[argparse.Namespace], int]:

@@ -62,6 +62,24 @@ def cron_table(st: Status) -> Table:
     return table
 
 
+def settings_table(st: Status) -> Table:
+    """The queues whose shared settings are away from the defaults (shigoto.set_queue, the
+    pause and resume commands, or a Queue object's spec)."""
+    table = Table(title="queue settings")
+    for name in ("queue", "paused", "global limit", "fan-out", "forward"):
+        table.add_column(name)
+    for queue, setting in sorted(st.settings.items()):
+        limit = setting["global_concurrency"]
+        forward = setting["forward"] or {}
+        table.add_row(
+            _cell(queue), "PAUSED" if setting["paused"] else "no",
+            "-" if limit is None else str(limit), "yes" if setting["fanout"] else "no",
+            _cell(", ".join(f"{state} -> {target}" for state, target in sorted(forward.items()))
+                  or "-"),
+        )  # fmt: skip
+    return table
+
+
 def workflows_table(st: Status) -> Table:
     """Workflows with work left: how many of their steps finished, failed, wait or run."""
     table = Table(title=f"workflows ({st.waiting_on_parents} jobs waiting for parents)")
@@ -82,6 +100,8 @@ def render_status(st: Status, console: Console | None = None) -> None:
         tables.append(cron_table(st))
     if st.workflows or st.waiting_on_parents:
         tables.append(workflows_table(st))
+    if st.settings:
+        tables.append(settings_table(st))
     if console is None:
         console = Console()
         if not console.is_terminal:

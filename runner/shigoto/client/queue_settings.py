@@ -1,5 +1,5 @@
-"""Per-queue settings every runner must agree on (global limit, paused, dead-letter forwarding),
-kept in the database.
+"""Per-queue settings every runner must agree on (global limit, paused, dead-letter forwarding,
+fan-out), kept in the database.
 
 A runner's own `global_concurrency` option is written here at start; afterwards each runner
 re-reads the table every few seconds, so a change made anywhere (another runner, the operator,
@@ -76,24 +76,30 @@ def _write_steps(
     paused: bool | None,
     forward: dict[str, str] | _Unset | None = UNSET,
     fanout: bool | None = None,
-) -> Steps[bool]:
+) -> Steps[frozenset[str]]:
     """Store the given settings of `name`; UNSET / None leave a setting as it is (for
-    `forward`, None turns forwarding off). Returns whether `forward` changed."""
+    `forward`, None turns forwarding off). `forward` and `fanout` are written only where they
+    differ from what is stored; returns which of the two changed."""
+    changed: set[str] = set()
     if not isinstance(global_concurrency, _Unset):
         yield _stmt(ops_statements.SET_LIMIT, schema), {"name": name, "limit": global_concurrency}
     if paused is not None:
         yield _stmt(ops_statements.SET_PAUSED, schema), {"name": name, "paused": bool(paused)}
     if fanout is not None:
-        yield _stmt(ops_statements.SET_FANOUT, schema), {"name": name, "fanout": bool(fanout)}
-    if isinstance(forward, _Unset):
-        return False
-    if forward is None:
-        done = yield _stmt(ops_statements.CLEAR_FORWARD, schema), {"name": name}
-    else:
-        done = yield _stmt(ops_statements.SET_FORWARD, schema), {
-            "name": name, "forward": Jsonb(forward)
-        }  # fmt: skip
-    return bool(done.rows)
+        statement = ops_statements.SET_FANOUT if fanout else ops_statements.CLEAR_FANOUT
+        done = yield _stmt(statement, schema), {"name": name}
+        if done.rows:
+            changed.add("fanout")
+    if not isinstance(forward, _Unset):
+        if forward is None:
+            done = yield _stmt(ops_statements.CLEAR_FORWARD, schema), {"name": name}
+        else:
+            done = yield _stmt(ops_statements.SET_FORWARD, schema), {
+                "name": name, "forward": Jsonb(forward)
+            }  # fmt: skip
+        if done.rows:
+            changed.add("forward")
+    return frozenset(changed)
 
 
 async def write_limits(
@@ -108,24 +114,29 @@ async def write_settings(
     schema: str,
     name: str,
     *,
-    paused: bool,
-    global_concurrency: int | None,
+    paused: bool | None = None,
+    global_concurrency: int | _Unset | None = UNSET,
     forward: Forward | _Unset | None = UNSET,
-) -> bool:
+    fanout: bool | None = None,
+) -> frozenset[str]:
     """Store the shared settings of `name` on the caller's connection (the operator's
-    per-database pool), as `set_queue` does through the client's pool. `forward` is written
-    only where it differs from what is stored; returns whether it did differ."""
+    per-database pool), as `set_queue` does through the client's pool; a setting left out
+    stays as it is. `forward` and `fanout` are written only where they differ from what is
+    stored, so the operator can write them on every pass and drift in the database closes;
+    returns which of the two did differ ("forward", "fanout")."""
     stored = _checked(name, global_concurrency, forward)
-    return await steps.arun(conn, _write_steps(name, schema, global_concurrency, paused, stored))
+    _check_fanout(fanout)
+    return await steps.arun(
+        conn, _write_steps(name, schema, global_concurrency, paused, stored, fanout)
+    )
 
 
 async def write_forward(
     conn: psycopg.AsyncConnection, schema: str, name: str, forward: Forward | None
 ) -> bool:
     """Store only the `forward` setting of `name` (written only where it differs); returns
-    whether it changed. The operator runs it on every pass, so drift in the database closes."""
-    stored = _checked(name, UNSET, forward)
-    return await steps.arun(conn, _write_steps(name, schema, UNSET, None, stored))
+    whether it changed."""
+    return "forward" in await write_settings(conn, schema, name, forward=forward)
 
 
 def set_queue(
@@ -156,7 +167,7 @@ def set_queue(
     pool = database.sync_pool(config.database_url(database_url))
     with pool.connection() as conn, conn.transaction():
         changed = steps.run(conn, work)
-    if changed:
+    if "forward" in changed:
         _forward_event(name, stored, schema)
 
 
@@ -177,7 +188,7 @@ async def aset_queue(
     pool = await database.async_pool(config.database_url(database_url))
     async with pool.connection() as conn, conn.transaction():
         changed = await steps.arun(conn, work)
-    if changed:
+    if "forward" in changed:
         _forward_event(name, stored, schema)
 
 

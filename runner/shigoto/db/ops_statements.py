@@ -65,9 +65,12 @@ MATCHING = "SELECT id FROM {jobs} WHERE state = ANY(%(from)s) AND {where} ORDER 
 MATCHING_BY_STATE = "SELECT state, count(*) FROM {jobs} WHERE {where} GROUP BY state ORDER BY 1"
 
 # Queues at their defaults have no row worth showing.
+# `shigoto status`: the queues with a setting away from its default (a settings row left at
+# the defaults, as resuming a queue leaves it, is not worth a line).
 SETTINGS_IN_FORCE = """
-SELECT name, paused, global_concurrency FROM {queues}
-WHERE paused OR global_concurrency IS NOT NULL ORDER BY name
+SELECT name, paused, global_concurrency, forward, fanout FROM {queues}
+WHERE paused OR global_concurrency IS NOT NULL OR forward IS NOT NULL OR fanout
+ORDER BY name
 """
 
 # now() from the database, so the next slot is computed against the clock that fires it.
@@ -93,14 +96,25 @@ INSERT INTO {queues} (name, paused) VALUES (%(name)s, %(paused)s)
 ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()
 """
 
+# Fan-out (shigoto.runtime.fanout), written like `forward` below: only when it differs, with
+# RETURNING saying whether it did, so the operator can run it on every pass.
+SET_FANOUT = """
+INSERT INTO {queues} AS q (name, fanout) VALUES (%(name)s, true)
+ON CONFLICT (name) DO UPDATE SET fanout = true, updated_at = now()
+    WHERE NOT q.fanout
+RETURNING q.name
+"""
+
+# Turning fan-out off creates no settings row for a queue that has none (false is the default).
+CLEAR_FANOUT = """
+UPDATE {queues} SET fanout = false, updated_at = now()
+WHERE name = %(name)s AND fanout
+RETURNING name
+"""
+
 # Dead-letter forwarding (shigoto.relations.forwarding): the whole setting is replaced. Written
 # only when it differs, and RETURNING says whether it did, so the operator can run it on every
 # pass (closing drift made in the database) and report a change only when there was one.
-SET_FANOUT = """
-INSERT INTO {queues} (name, fanout) VALUES (%(name)s, %(fanout)s)
-ON CONFLICT (name) DO UPDATE SET fanout = excluded.fanout, updated_at = now()
-"""
-
 SET_FORWARD = """
 INSERT INTO {queues} AS q (name, forward) VALUES (%(name)s, %(forward)s)
 ON CONFLICT (name) DO UPDATE SET forward = excluded.forward, updated_at = now()

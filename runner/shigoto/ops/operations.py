@@ -256,13 +256,21 @@ def explain_no_match(
     )
 
 
+#: A queue's shared settings when it has no settings row (shigoto.client.queue_settings).
+DEFAULT_SETTING: dict[str, Any] = {
+    "paused": False, "global_concurrency": None, "forward": None, "fanout": False,
+}  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class Status:
     counts: dict[str, dict[str, int]]
     oldest_available_age: dict[str, float]
     nodes: list[dict[str, Any]]
     cron: list[dict[str, Any]] = field(default_factory=list)
-    #: Shared settings by queue: {"paused": bool, "global_concurrency": int | None}.
+    #: Shared settings by queue, for the queues with one away from its default:
+    #: {"paused": bool, "global_concurrency": int | None, "forward": {state: queue} | None,
+    #: "fanout": bool}.
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Builder workflows with work left, oldest first: {"id", "name", "total", "completed",
     #: "failed" (discarded or cancelled), "waiting" (for a parent), "executing"}.
@@ -271,7 +279,7 @@ class Status:
     waiting_on_parents: int = 0
 
     def setting(self, queue: str) -> dict[str, Any]:
-        return self.settings.get(queue, {"paused": False, "global_concurrency": None})
+        return self.settings.get(queue, dict(DEFAULT_SETTING))
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -306,11 +314,12 @@ def _status_steps(schema: str) -> Steps[Status]:
         })  # fmt: skip
     # Queues at their defaults are left out of the settings.
     settings = {
-        name: {"paused": paused, "global_concurrency": limit}
-        for name, paused, limit in (
+        name: {"paused": paused, "global_concurrency": limit, "forward": forward,
+               "fanout": fanout}
+        for name, paused, limit, forward, fanout in (
             yield ops_statements.compose(ops_statements.SETTINGS_IN_FORCE, schema), None
         ).rows
-    }
+    }  # fmt: skip
     cron = _cron_entries((yield ops_statements.compose(ops_statements.CRON_ENTRIES, schema),
                           None).rows)  # fmt: skip
     flows = (yield statements.compose(workflows.WORKFLOW_PROGRESS, schema),

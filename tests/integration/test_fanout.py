@@ -135,3 +135,36 @@ def test_fanout_must_be_a_boolean_and_nothing_is_written(conn: psycopg.Connectio
         shigoto.set_queue("broadcast", fanout="yes", global_concurrency=3)  # type: ignore[arg-type]
     assert caught.value.field == "fanout"
     assert conn.execute("SELECT count(*) FROM shigoto_queues").fetchone() == (0,)
+
+
+async def test_a_delivery_handed_back_is_taken_again(
+    conn: psycopg.Connection[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chain that ends without an outcome (here: the parents' results could not be read
+    once) releases the delivery, so the runner takes the job again and it completes."""
+    from shigoto.runtime.middleware import ParentResults
+
+    conn.autocommit = True
+    shigoto.set_queue("broadcast", fanout=True)
+    parent = shigoto.enqueue("elsewhere.job", queue="elsewhere")
+    conn.execute("UPDATE shigoto_jobs SET state = 'completed', attempt = 1, finished_at = now(),"
+                 " result = '7' WHERE id = %s", (parent.id,))  # fmt: skip
+    real_load = ParentResults.load
+    failures = []
+
+    async def flaky_load(self: ParentResults, ids: list[int]) -> dict[int, Any]:
+        if not failures:
+            failures.append(ids)
+            raise psycopg.OperationalError("connection lost while reading the parents")
+        return await real_load(self, ids)
+
+    monkeypatch.setattr(ParentResults, "load", flaky_load)
+    async with running(conn.info.dsn, {"broadcast": 2}) as runner:
+        job = w.announce.enqueue(directory=str(tmp_path))
+        child = shigoto.enqueue(w.announce, {"directory": str(tmp_path)},
+                                depends_on=[parent.id])  # fmt: skip
+        await until(lambda: all(_job(conn, j.id)["state"] == "completed" for j in (job, child)),
+                    message="both fan-out jobs completed")  # fmt: skip
+    assert failures == [[parent.id]]
+    assert _job(conn, child.id)["result"] == {"deliveries": {runner.node: "completed"}}
+    assert sum(_runs(tmp_path, child.id).values()) == 1

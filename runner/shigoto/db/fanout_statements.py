@@ -49,15 +49,23 @@ UPDATE {deliveries} SET state = %(state)s, finished_at = now(), error = %(error)
 WHERE job_id = %(id)s AND node_id = %(node)s AND state = 'executing'
 """
 
+# A delivery the runner handed back without an outcome: its next claim takes the job again.
+RELEASE_DELIVERY = """
+DELETE FROM {deliveries} WHERE job_id = %(id)s AND node_id = %(node)s AND state = 'executing'
+"""
+
 # Run after FINISH_DELIVERY, as its own statement: the function must see that delivery.
 FINISH_JOBS = "SELECT {finish}(%(ids)s::bigint[])"
 
 # The leader's sweep: fan-out jobs whose required runners stopped or died, or that no runner
-# was serving when they were inserted, are finished here rather than by a delivery.
+# was serving when they were inserted, are finished here rather than by a delivery. The
+# fan-out queues are read first (an InitPlan) and the jobs found through the claim index by
+# queue, so with no fan-out queue the tick reads no job at all, however many are available.
 SWEEP = """
 SELECT {finish}(array(
-    SELECT j.id FROM {jobs} AS j JOIN {queues} AS q ON q.name = j.queue AND q.fanout
+    SELECT j.id FROM {jobs} AS j
     WHERE j.state = 'available'
+      AND j.queue = ANY(ARRAY(SELECT name FROM {queues} WHERE fanout))
     ORDER BY j.id
     LIMIT %(limit)s))
 """

@@ -61,6 +61,15 @@ async def finish_delivery(
     return bool(finished)
 
 
+async def release_delivery(pool: AsyncConnectionPool, schema: str, node: str, job_id: int) -> None:
+    """Forget this runner's unfinished delivery of the job, so its next claim takes it again."""
+    async with pool.connection() as conn:
+        await conn.execute(
+            fanout_statements.compose(fanout_statements.RELEASE_DELIVERY, schema),
+            {"id": job_id, "node": node},
+        )
+
+
 async def claim(cur: Any, schema: str, queue: str, node: str, limit: int) -> Any:
     """This runner's fan-out claim, on `cur` (a cursor with the job row factory)."""
     await cur.execute(

@@ -526,8 +526,17 @@ class Runner:
             return await self._claim_rows(conn, statement, {**params, "room": room})
 
     async def _execute(self, job: Job) -> None:
-        """Run one claimed job through the execution middleware chain."""
-        await self._execute_chain(job)
+        """Run one claimed job through the execution middleware chain. A fan-out delivery the
+        chain handed back (no outcome) is released, as a plain job's row is put back: this
+        runner takes it again later instead of holding its job open while it lives."""
+        completion = await self._execute_chain(job)
+        if completion is None and job.id in self._fanout_ids:
+            self._fanout_ids.discard(job.id)
+            assert self._pool is not None
+            try:
+                await fanout.release_delivery(self._pool, self.schema, self.node, job.id)
+            except psycopg.Error as exc:
+                log.warning("releasing the fan-out delivery of job %s failed: %s", job.id, exc)
 
     async def _run_job(self, job: Job) -> Completion:
         """The chain's end: execute, and hand the outcome to the completer without waiting.

@@ -75,8 +75,16 @@ async def adrain_queue(
     return dict(outcomes)
 
 
-def drain_queue(queue: str = "default", **options: Any) -> dict[str, int]:
-    """Synchronous `adrain_queue`; safe to call from code that already runs an event loop."""
+def drain_queue(
+    queue: str = "default",
+    *,
+    with_scheduled: bool = False,
+    database_url: str | None = None,
+    schema: str | None = None,
+) -> dict[str, int]:
+    """Synchronous `adrain_queue`, with the same arguments (a misspelt one fails at the call,
+    not inside the drain); safe to call from code that already runs an event loop."""
+    options = {"with_scheduled": with_scheduled, "database_url": database_url, "schema": schema}
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -442,9 +442,7 @@ class Runner:
                 continue
             if producer.paused and not setting.paused:
                 producer.wake()
-            producer.paused = setting.paused
-            producer.global_limit = setting.global_concurrency
-            producer.fanout = setting.fanout
+            _configure(producer, setting)
 
     async def _completer_room(self) -> None:
         """Claim only while the completer's backlog is below its bound."""
@@ -464,9 +462,7 @@ class Runner:
             # read it, or a fan-out queue would be claimed as a plain one.
             producer.paused = True
         else:
-            producer.paused = setting.paused
-            producer.global_limit = setting.global_concurrency
-            producer.fanout = setting.fanout
+            _configure(producer, setting)
         self.producers[queue] = producer
         self._producer_tasks[queue] = producer.start()
         producer.wake()
@@ -649,6 +645,13 @@ class Runner:
     @property
     def executing_count(self) -> int:
         return sum(len(p.running) for p in self.producers.values())
+
+
+def _configure(producer: Producer, setting: QueueSetting) -> None:
+    """A producer as its queue's shared settings say (paused, global limit, fan-out)."""
+    producer.paused = setting.paused
+    producer.global_limit = setting.global_concurrency
+    producer.fanout = setting.fanout
 
 
 def _log_failed_discard(task: asyncio.Future[None]) -> None:

@@ -26,6 +26,14 @@ subscriber that raises is logged and skipped: telemetry must never break job pro
 | batch.seal      | total, completed, discarded,     | batch_id, schema, finished,              |
 |                 | cancelled, duration              | callback_ids                             |
 | fanout.delivery | (none)                           | job_id, queue, node, outcome             |
+| fanout.finish   | count                            | job_ids, node, source (delivery|sweep)   |
+| workflow.release | (none)                          | id, queue, worker, parent, schema, node  |
+| workflow.cancel | (none)                           | id, queue, worker, parent, parent_state, |
+|                 |                                  | schema, node                             |
+| batch.callback  | total, completed, discarded,     | id, queue, worker, batch_id, when,       |
+|                 | cancelled                        | schema, node                             |
+| job.forward     | (none)                           | id, queue, worker, from_id, from_queue,  |
+|                 |                                  | state, schema, node                      |
 
 `job.cancel` carries `source: "operator"` when the job was cancelled from outside while it
 executed (`shigoto cancel`, `cancel_by`; the runner checked the row is cancelled first); a
@@ -34,6 +42,13 @@ worker's own `Cancel` outcome has no `source` key.
 `batch.seal` comes from the client when a `with shigoto.batch(...)` block seals its batch;
 `finished` is true when the seal itself enqueued the callbacks (every job had already finished).
 Otherwise the transaction of the last job's final transition enqueues them, in the database.
+
+`workflow.release`, `workflow.cancel`, `batch.callback` and `job.forward` are transitions
+that the database's triggers make (a child released or cancelled because of its parent, with
+`parent` null when it was released at insert; a batch callback enqueued, `id` being the new
+job; a job forwarded, `id` being the copy in `queue`). The triggers announce them at commit and
+the leading runner emits them, once for the fleet, with its own `node`: see
+`shigoto.relations.events`. They are not emitted while no runner leads.
 
 `job.insert` comes from the one insert path (`db.inserts`) for every enqueue, bulk enqueue and
 cron slot (`source`: `enqueue`, `enqueue_many`, `cron`); `count` is the jobs written,
@@ -56,7 +71,8 @@ EVENTS = frozenset({
     "completer.error", "cron.enqueue", "rescuer.rescue", "queue.pause", "queue.resume",
     "queue.forward",
     "batch.seal",
-    "workflow.enqueue", "fanout.delivery",
+    "workflow.enqueue", "fanout.delivery", "fanout.finish",
+    "workflow.release", "workflow.cancel", "batch.callback", "job.forward",
 })  # fmt: skip
 
 Handler = Callable[[str, dict[str, Any], dict[str, Any]], Any]

@@ -14,6 +14,17 @@ runner's node count, since telemetry subscribers are process-wide.
 | shigoto_jobs_cancelled_total        | counter   | queue, worker | job.cancel (also operator) |
 | shigoto_job_duration_seconds        | histogram | queue, worker | every finished attempt     |
 | shigoto_queue_depth                 | gauge     | queue, state  | the `counts` statement     |
+| shigoto_workflow_released_total     | counter   | queue, worker | workflow.release (leader)  |
+| shigoto_workflow_cancelled_total    | counter   | queue, worker | workflow.cancel (leader)   |
+| shigoto_batch_callbacks_total       | counter   | queue, worker | batch.callback (leader)    |
+| shigoto_jobs_forwarded_total        | counter   | queue, worker | job.forward (leader; queue |
+|                                     |           |               | is the one it left)        |
+| shigoto_fanout_deliveries_total     | counter   | queue, outcome| fanout.delivery            |
+| shigoto_fanout_finished_total       | counter   | source        | fanout.finish              |
+
+The relation counters come from transitions the database's triggers make; only the leading
+runner emits their events (`shigoto.relations.events`), so summed over the fleet each
+transition counts once, and a runner that does not lead exports them at zero.
 
 A job whose last attempt fails counts once as failed and once as discarded: the two count
 different things (failed attempts, jobs given up on).
@@ -62,6 +73,15 @@ _OUTCOME_COUNTERS = {
     "job.cancel": "cancelled",
 }
 
+#: Relation events (emitted by the leader, see the module docstring) -> their counter.
+_RELATION_COUNTERS = {
+    "workflow.release": "released",
+    "workflow.cancel": "dependents_cancelled",
+    "batch.callback": "batch_callbacks",
+    "job.forward": "forwarded",
+}
+_FANOUT_EVENTS = ("fanout.delivery", "fanout.finish")
+
 JOB_LABELS = ("queue", "worker")
 #: The label of every queue or worker this runner does not know (see the module docstring).
 OTHER = "_other"
@@ -103,6 +123,32 @@ class RunnerMetrics:
             "shigoto_queue_depth", "Jobs in the database by queue and state (all runners).",
             ("queue", "state"), registry=self.registry,
         )  # fmt: skip
+        self.released = Counter(
+            "shigoto_workflow_released", "Waiting workflow jobs released: every parent finished.",
+            JOB_LABELS, registry=self.registry,
+        )  # fmt: skip
+        self.dependents_cancelled = Counter(
+            "shigoto_workflow_cancelled", "Waiting workflow jobs cancelled because a parent "
+            "was discarded or cancelled (on_parent_failure='cancel').", JOB_LABELS,
+            registry=self.registry,
+        )  # fmt: skip
+        self.batch_callbacks = Counter(
+            "shigoto_batch_callbacks", "Batch callback jobs enqueued (the worker is the "
+            "callback's).", JOB_LABELS, registry=self.registry,
+        )  # fmt: skip
+        self.forwarded = Counter(
+            "shigoto_jobs_forwarded", "Jobs copied to a dead-letter queue (queue: the one "
+            "they left).", JOB_LABELS, registry=self.registry,
+        )  # fmt: skip
+        self.fanout_deliveries = Counter(
+            "shigoto_fanout_deliveries", "Fan-out deliveries this runner finished, by outcome.",
+            ("queue", "outcome"), registry=self.registry,
+        )  # fmt: skip
+        self.fanout_finished = Counter(
+            "shigoto_fanout_finished", "Fan-out jobs finished (every live runner done, or gone)"
+            " by this runner's last delivery or by its sweep as leader.", ("source",),
+            registry=self.registry,
+        )  # fmt: skip
         if process_metrics:
             # Memory, CPU and GC of the runner process: what an operator looks at first.
             process_collector.ProcessCollector(registry=self.registry)
@@ -117,7 +163,8 @@ class RunnerMetrics:
     def attach(self) -> None:
         """Start following this node's job events (idempotent)."""
         if self._handle is None:
-            self._handle = telemetry.attach(self.handle, _OUTCOME_COUNTERS)
+            events = {*_OUTCOME_COUNTERS, *_RELATION_COUNTERS, *_FANOUT_EVENTS}
+            self._handle = telemetry.attach(self.handle, events)
 
     def detach(self) -> None:
         if self._handle is not None:
@@ -126,7 +173,23 @@ class RunnerMetrics:
 
     def handle(self, event: str, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
         """The telemetry subscriber: one outcome event becomes counter and histogram updates."""
-        if metadata.get("node") != self.node or event not in _OUTCOME_COUNTERS:
+        if metadata.get("node") != self.node:
+            return
+        if event in _RELATION_COUNTERS:
+            labels = (self._label(str(metadata.get("from_queue") or metadata.get("queue")),
+                                  self._queues),
+                      self._label(str(metadata.get("worker")), self._workers))  # fmt: skip
+            getattr(self, _RELATION_COUNTERS[event]).labels(*labels).inc()
+            return
+        if event == "fanout.delivery":
+            queue = self._label(str(metadata.get("queue")), self._queues)
+            self.fanout_deliveries.labels(queue, str(metadata.get("outcome"))).inc()
+            return
+        if event == "fanout.finish":
+            count = int(measurements.get("count") or 0)
+            self.fanout_finished.labels(str(metadata.get("source"))).inc(count)
+            return
+        if event not in _OUTCOME_COUNTERS:
             return
         job = metadata["job"]
         labels = (self._label(job.queue, self._queues), self._label(job.worker, self._workers))

@@ -58,7 +58,14 @@ async def finish_delivery(
         finished = [row[0] for row in await cur.fetchall() if row[0] is not None]
     telemetry.emit("fanout.delivery", {}, {"job_id": job_id, "queue": completion.job.queue,
                                            "node": node, "outcome": state})  # fmt: skip
+    if finished:
+        _announce_finished(finished, node, "delivery")
     return bool(finished)
+
+
+def _announce_finished(ids: list[int], node: str, source: str) -> None:
+    telemetry.emit("fanout.finish", {"count": len(ids)},
+                   {"job_ids": ids, "node": node, "source": source})  # fmt: skip
 
 
 async def release_delivery(pool: AsyncConnectionPool, schema: str, node: str, job_id: int) -> None:
@@ -93,10 +100,12 @@ class FanoutSweeper(Service):
         *,
         is_leader: Any = None,
         clock: Clock = SYSTEM,
+        node: str = "",
     ) -> None:
         super().__init__(interval, is_leader, clock=clock)
         self.pool = pool
         self.schema = schema
+        self.node = node
 
     async def run_once(self) -> list[int]:
         async with self.pool.connection() as conn:
@@ -104,4 +113,7 @@ class FanoutSweeper(Service):
                 fanout_statements.compose(fanout_statements.SWEEP, self.schema),
                 {"limit": SWEEP_LIMIT},
             )
-            return [row[0] for row in await cur.fetchall() if row[0] is not None]
+            finished = [row[0] for row in await cur.fetchall() if row[0] is not None]
+        if finished:
+            _announce_finished(finished, self.node, "sweep")
+        return finished

@@ -26,7 +26,7 @@ from psycopg.rows import RowMaker
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
-from shigoto import config
+from shigoto import config, telemetry
 from shigoto._service import Service
 from shigoto.client.queue_settings import QueueSetting, QueueSettingsWatcher, write_limits
 from shigoto.clock import SYSTEM, Clock
@@ -36,6 +36,7 @@ from shigoto.db import statements
 from shigoto.db.migrate import current_version, latest_version, migrate
 from shigoto.errors import ConfigurationError, Error, MigrationError
 from shigoto.job import Job
+from shigoto.relations import events as relation_events
 from shigoto.runtime import fanout, rescuer
 from shigoto.runtime.completer import Completer
 from shigoto.runtime.elector import Elector
@@ -263,7 +264,8 @@ class Runner:
         heartbeat = Heartbeat(pool, self.stmts, self.node, lambda: dict(self.queues),
                               s.heartbeat_interval, clock=self.clock)  # fmt: skip
         await heartbeat.run_once()
-        channels = [statements.INSERT_CHANNEL, statements.CANCEL_CHANNEL, rescuer.DISCARD_CHANNEL]
+        channels = [statements.INSERT_CHANNEL, statements.CANCEL_CHANNEL, rescuer.DISCARD_CHANNEL,
+                    relation_events.RELATIONS_CHANNEL]
         notifier = Notifier(self.url, channels, self._dispatch)
         self.elector.interval = s.leader_interval
         leader = self._leads
@@ -278,7 +280,8 @@ class Runner:
                                clock=self.clock),
             "heartbeat": heartbeat,
             "fanout-sweeper": fanout.FanoutSweeper(pool, self.schema, s.stage_interval,
-                                                   is_leader=leader, clock=self.clock),
+                                                   is_leader=leader, clock=self.clock,
+                                                   node=self.node),
             "queue-settings": QueueSettingsWatcher(
                 pool, self.schema, lambda: sorted(set(self.producers) | set(self.queues)),
                 self._apply_settings,
@@ -591,7 +594,9 @@ class Runner:
 
     def _dispatch(self, channel: str, payload: str) -> None:
         schema, _, rest = payload.partition(".")
-        if channel == "" or (channel == statements.INSERT_CHANNEL and not payload):
+        if channel == relation_events.RELATIONS_CHANNEL:
+            self._announce_relation(payload)
+        elif channel == "" or (channel == statements.INSERT_CHANNEL and not payload):
             for producer in self.producers.values():
                 producer.wake()
         elif schema != self.schema:
@@ -616,6 +621,15 @@ class Runner:
                 return
             task = asyncio.ensure_future(self._pending_discards([job_id], announce=False))
             task.add_done_callback(_log_failed_discard)
+
+    def _announce_relation(self, payload: str) -> None:
+        """Re-emit a trigger's relation transition as telemetry, from the leader only, so the
+        fleet reports each transition once (see `shigoto.relations.events`)."""
+        if not self.elector.is_leader:
+            return
+        event = relation_events.parse(payload, schema=self.schema, node=self.node)
+        if event is not None:
+            telemetry.emit(event.name, event.measurements, event.metadata)
 
     async def _cancel_if_cancelled(self, job_id: int) -> None:
         """A cancel NOTIFY is only a hint: any role that can connect may send one. Stop the

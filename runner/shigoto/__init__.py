@@ -27,6 +27,7 @@ from shigoto.errors import (
     UnknownWorkerError,
     ValidationError,
 )
+from shigoto.flow import CircuitBreaker, RateLimit
 from shigoto.job import Job, JobState
 from shigoto.ops.operations import (
     acancel_by,
@@ -49,6 +50,7 @@ __all__ = [
     "AsyncBatch",
     "Batch",
     "Cancel",
+    "CircuitBreaker",
     "ConfigurationError",
     "Discard",
     "Error",
@@ -57,6 +59,7 @@ __all__ = [
     "JobState",
     "JobTimeoutError",
     "MigrationError",
+    "RateLimit",
     "Runner",
     "Snooze",
     "StuckThreadsError",

@@ -27,6 +27,9 @@ subscriber that raises is logged and skipped: telemetry must never break job pro
 |                 | cancelled, duration              | callback_ids                             |
 | fanout.delivery | (none)                           | job_id, queue, node, outcome             |
 | fanout.finish   | count                            | job_ids, node, source (delivery|sweep)   |
+| flow.defer      | wait                             | job, node, reason, key                   |
+| breaker.transition | calls, failures               | key, worker, partition, from, to, node   |
+| shed.change     | latency, target                  | queue, node, shedding, min_priority      |
 | workflow.release | (none)                          | id, queue, worker, parent, schema, node  |
 | workflow.cancel | (none)                           | id, queue, worker, parent, parent_state, |
 |                 |                                  | schema, node                             |
@@ -49,6 +52,14 @@ that the database's triggers make (a child released or cancelled because of its 
 job; a job forwarded, `id` being the copy in `queue`). The triggers announce them at commit and
 the leading runner emits them, once for the fleet, with its own `node`: see
 `shigoto.relations.events`. They are not emitted while no runner leads.
+
+`flow.defer` (docs/flow-control.md): a claimed job that a rate limit, an open circuit breaker
+or its worker's `concurrency` did not admit was handed back without consuming its attempt;
+`reason` is `rate_limit`, `circuit_open` or `concurrency`, `wait` the seconds until it may be
+claimed again, `key` the limit's or breaker's key. `breaker.transition`: a circuit breaker
+moved between `closed`, `open` and `half_open` (`calls`, `failures`: its window then).
+`shed.change`: a runner's load shedding on a queue started or stopped, or changed the lowest
+priority it still claims (`min_priority`, None when it claims every priority).
 
 `job.insert` comes from the one insert path (`db.inserts`) for every enqueue, bulk enqueue and
 cron slot (`source`: `enqueue`, `enqueue_many`, `cron`); `count` is the jobs written,
@@ -73,6 +84,7 @@ EVENTS = frozenset({
     "batch.seal",
     "workflow.enqueue", "fanout.delivery", "fanout.finish",
     "workflow.release", "workflow.cancel", "batch.callback", "job.forward",
+    "flow.defer", "breaker.transition", "shed.change",
 })  # fmt: skip
 
 Handler = Callable[[str, dict[str, Any], dict[str, Any]], Any]

@@ -15,10 +15,11 @@ import warnings
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, ClassVar, overload
 
-from shigoto import jobspec, registry
+from shigoto import flow, jobspec, registry
 from shigoto.backoff import default_backoff
 from shigoto.config import normalise_prefixes
 from shigoto.errors import Discard, UnknownWorkerError, ValidationError
+from shigoto.flow import CircuitBreaker, RateLimit
 from shigoto.relations import unique as unique_jobs
 from shigoto.signatures import args_misfit
 
@@ -97,6 +98,13 @@ class Worker:
     #: Default `unique=` options of this worker's jobs (see `shigoto.enqueue`); an enqueue's
     #: own `unique=` replaces them, `unique=False` turns them off.
     unique: ClassVar[Mapping[str, Any] | bool | None] = None
+    #: At most this many job starts per period across every runner (docs/flow-control.md).
+    rate_limit: ClassVar[RateLimit | None] = None
+    #: At most this many of this worker's jobs at once on one runner (a bulkhead), so a slow
+    #: worker cannot take every slot of a queue it shares.
+    concurrency: ClassVar[int | None] = None
+    #: Stops running this worker's jobs while its failures pass a threshold.
+    circuit_breaker: ClassVar[CircuitBreaker | None] = None
 
     def __init_subclass__(cls, template: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -108,6 +116,7 @@ class Worker:
         _check_definition(cls.name, cls.__module__, named, cls.isolation)
         _validate_defaults(cls.name, cls.max_attempts, cls.timeout, cls.global_concurrency)
         _check_unique(cls.name, cls.unique)
+        flow.check_worker_options(cls.name, cls.rate_limit, cls.concurrency, cls.circuit_breaker)
         if not inspect.isabstract(cls) and cls.perform is not Worker.perform:
             register(cls())
 
@@ -186,6 +195,9 @@ class FunctionWorker(Worker, template=True):
         on_discard: Callable[[dict[str, Any], list[dict[str, Any]]], Any] | None = None,
         isolation: str = "thread",
         unique: Mapping[str, Any] | bool | None = None,
+        rate_limit: RateLimit | None = None,
+        concurrency: int | None = None,
+        circuit_breaker: CircuitBreaker | None = None,
     ) -> None:
         self.fn = fn
         self.name = name or f"{fn.__module__}.{fn.__qualname__}"  # type: ignore[misc]
@@ -195,6 +207,10 @@ class FunctionWorker(Worker, template=True):
         self.global_concurrency = global_concurrency  # type: ignore[misc]
         _check_unique(self.name, unique)
         self.unique = unique  # type: ignore[misc]
+        flow.check_worker_options(self.name, rate_limit, concurrency, circuit_breaker)
+        self.rate_limit = rate_limit  # type: ignore[misc]
+        self.concurrency = concurrency  # type: ignore[misc]
+        self.circuit_breaker = circuit_breaker  # type: ignore[misc]
         self.queue = queue  # type: ignore[misc]
         self.priority = priority  # type: ignore[misc]
         self.max_attempts = max_attempts  # type: ignore[misc]
@@ -279,6 +295,9 @@ def worker(
     on_discard: Callable[[dict[str, Any], list[dict[str, Any]]], Any] | None = None,
     isolation: str = "thread",
     unique: Mapping[str, Any] | bool | None = None,
+    rate_limit: RateLimit | None = None,
+    concurrency: int | None = None,
+    circuit_breaker: CircuitBreaker | None = None,
 ) -> Callable[[Callable[..., Any]], FunctionWorker]: ...
 
 

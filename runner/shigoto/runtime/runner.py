@@ -47,6 +47,7 @@ from shigoto.runtime.executor import (
     JobExecutor,
     Undecodable,
 )
+from shigoto.runtime.flow_control import FlowControl
 from shigoto.runtime.limiter import Limiter, count_busy, lock_scope, scope_key
 from shigoto.runtime.middleware import (
     GlobalLimits,
@@ -178,6 +179,10 @@ class Runner:
         self.limits = GlobalLimits(lambda: self._pool, self.stmts, self.node,
                                    self._queue_limited)  # fmt: skip
         self.progress = ProgressWriter(lambda: self._pool, self.stmts)
+        self.flow = FlowControl(
+            lambda: self._pool, self.stmts, self.node, clock=clock,
+            queue_rate_limit=lambda q: getattr(self._queue_settings.get(q), "rate_limit", None),
+        )  # fmt: skip
         #: Jobs claimed as fan-out deliveries, whose outcome goes to their delivery row.
         self._fanout_ids: set[int] = set()
         #: The shared settings last read, by queue (runtime producers start from them).
@@ -257,7 +262,8 @@ class Runner:
             traceback_level=self.traceback_level,
         )  # fmt: skip
         self._execute_chain = chain(
-            [PrepareWorker(self._resolver), self.limits, StuckThreadsGuard(self._check_stuck),
+            [PrepareWorker(self._resolver), self.limits, self.flow,
+             StuckThreadsGuard(self._check_stuck),
              self.progress, ParentResults(lambda: self._pool, self.stmts, self.node)],
             self._run_job,
         )  # fmt: skip
@@ -482,6 +488,7 @@ class Runner:
             return await self._claim_deliveries(queue, limit)
         async with self._pool.connection() as conn:
             saturated = await self.limits.saturated(conn)
+            saturated += await self.flow.excluded(conn, queue)
             if saturated:
                 statement = self.stmts.claim_excluding
                 params["exclude"] = saturated

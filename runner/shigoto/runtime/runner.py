@@ -22,7 +22,6 @@ from dataclasses import replace
 from typing import Any
 
 import psycopg
-from psycopg.rows import RowMaker
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
@@ -38,6 +37,7 @@ from shigoto.errors import ConfigurationError, Error, MigrationError
 from shigoto.job import Job
 from shigoto.relations import events as relation_events
 from shigoto.runtime import fanout, rescuer
+from shigoto.runtime.claimer import Claimer
 from shigoto.runtime.completer import Completer
 from shigoto.runtime.elector import Elector
 from shigoto.runtime.executor import (
@@ -48,7 +48,7 @@ from shigoto.runtime.executor import (
     Undecodable,
 )
 from shigoto.runtime.flow_control import FlowControl
-from shigoto.runtime.limiter import Limiter, count_busy, lock_scope, scope_key
+from shigoto.runtime.limiter import Limiter
 from shigoto.runtime.middleware import (
     GlobalLimits,
     ParentResults,
@@ -101,10 +101,6 @@ class StuckThreadsError(Error):
 
     A supervisor should start a new process: only that frees the stuck threads.
     """
-
-
-def _job_rows(_cursor: Any) -> RowMaker[Job]:
-    return Job.from_values  # the claim returns JOB_COLUMNS in order
 
 
 class Runner:
@@ -183,8 +179,8 @@ class Runner:
             lambda: self._pool, self.stmts, self.node, clock=clock,
             queue_rate_limit=lambda q: getattr(self._queue_settings.get(q), "rate_limit", None),
         )  # fmt: skip
-        #: Jobs claimed as fan-out deliveries, whose outcome goes to their delivery row.
-        self._fanout_ids: set[int] = set()
+        self.claimer = Claimer(lambda: self._pool, self.stmts, self.node, limits=self.limits,
+                               flow=self.flow)  # fmt: skip
         #: The shared settings last read, by queue (runtime producers start from them).
         self._queue_settings: dict[str, QueueSetting] = {}
         self.ready = asyncio.Event()
@@ -479,65 +475,15 @@ class Runner:
     # -- the job path ---------------------------------------------------------------------
 
     async def _claim(self, queue: str, limit: int) -> list[Job]:
-        assert self._pool is not None
-        params: dict[str, Any] = {"queue": queue, "limit": limit, "node": self.node}
-        statement = self.stmts.claim
-        producer = self.producers.get(queue)
-        global_limit = producer.global_limit if producer is not None else None
-        if producer is not None and producer.fanout:
-            return await self._claim_deliveries(queue, limit)
-        async with self._pool.connection() as conn:
-            saturated = await self.limits.saturated(conn)
-            saturated += await self.flow.excluded(conn, queue)
-            if saturated:
-                statement = self.stmts.claim_excluding
-                params["exclude"] = saturated
-            if global_limit is None:
-                jobs = await self._claim_rows(conn, statement, params)
-            else:
-                limited = (self.stmts.claim_excluding_limited if saturated
-                           else self.stmts.claim_limited)  # fmt: skip
-                jobs = await self._claim_limited(conn, limited, params, global_limit)
-        jobs.sort(key=lambda j: (-j.priority, j.scheduled_at, j.id))
-        return jobs
-
-    async def _claim_deliveries(self, queue: str, limit: int) -> list[Job]:
-        """A fan-out queue's claim: this runner's own delivery of each new job."""
-        assert self._pool is not None
-        async with self._pool.connection() as conn:
-            cur = conn.cursor(row_factory=_job_rows)
-            jobs = await fanout.claim(cur, self.schema, queue, self.node, limit)
-        self._fanout_ids.update(j.id for j in jobs)
-        jobs.sort(key=lambda j: (-j.priority, j.scheduled_at, j.id))
-        return jobs
-
-    @staticmethod
-    async def _claim_rows(conn: Any, statement: str, params: dict[str, Any]) -> list[Job]:
-        cur = conn.cursor(row_factory=_job_rows)
-        await cur.execute(statement, params)
-        return await cur.fetchall()
-
-    async def _claim_limited(
-        self, conn: Any, statement: str, params: dict[str, Any], global_limit: int
-    ) -> list[Job]:
-        """Claim no more than the room the queue's global limit has left, counted and claimed
-        under the queue's transaction lock (see `shigoto.runtime.limiter`)."""
-        queue = params["queue"]
-        async with conn.transaction():
-            await lock_scope(conn, self.schema, scope_key(self.schema, "queue", queue))
-            busy = (await count_busy(conn, self.schema, "queue", [queue])).get(queue, 0)
-            room = global_limit - busy
-            if room <= 0:
-                return []
-            return await self._claim_rows(conn, statement, {**params, "room": room})
+        return await self.claimer.claim(self.producers.get(queue), queue, limit)
 
     async def _execute(self, job: Job) -> None:
         """Run one claimed job through the execution middleware chain. A fan-out delivery the
         chain handed back (no outcome) is released, as a plain job's row is put back: this
         runner takes it again later instead of holding its job open while it lives."""
         completion = await self._execute_chain(job)
-        if completion is None and job.id in self._fanout_ids:
-            self._fanout_ids.discard(job.id)
+        if completion is None and job.id in self.claimer.fanout_ids:
+            self.claimer.fanout_ids.discard(job.id)
             assert self._pool is not None
             try:
                 await fanout.release_delivery(self._pool, self.schema, self.node, job.id)
@@ -549,7 +495,7 @@ class Runner:
         The completion carries the last reported progress itself."""
         assert self._executor is not None and self._completer is not None
         completion = await self._executor.execute(job)
-        if job.id in self._fanout_ids:
+        if job.id in self.claimer.fanout_ids:
             await self._finish_delivery(completion)
         else:
             self._completer.submit(completion)
@@ -565,7 +511,7 @@ class Runner:
             log.warning("recording the fan-out delivery of job %s failed: %s",
                         completion.job.id, exc)  # fmt: skip
         finally:
-            self._fanout_ids.discard(completion.job.id)
+            self.claimer.fanout_ids.discard(completion.job.id)
 
     def _queue_limited(self, queue: str) -> bool:
         producer = self.producers.get(queue)

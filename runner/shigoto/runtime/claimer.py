@@ -1,0 +1,118 @@
+"""The claim: which of a queue's available jobs one runner takes next, and how many.
+
+Every variant is one `FOR UPDATE SKIP LOCKED` statement (so runners never wait on each
+other's rows), shaped by what the runner knows at the moment of the claim:
+
+- workers left out: those at their global limit (`GlobalLimits.saturated`) and those that
+  flow control holds back (`FlowControl.excluded`), so other jobs of the queue run instead of
+  being claimed and handed straight back;
+- a queue's global limit: counted and claimed under the queue's transaction lock
+  (`shigoto.runtime.limiter`), never more than the room left;
+- a fan-out queue: this runner's own delivery of each job (`shigoto.runtime.fanout`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from psycopg.rows import RowMaker
+from psycopg_pool import AsyncConnectionPool
+
+from shigoto.db import statements
+from shigoto.job import Job
+from shigoto.runtime import fanout
+from shigoto.runtime.flow_control import FlowControl
+from shigoto.runtime.limiter import count_busy, lock_scope, scope_key
+from shigoto.runtime.middleware import GlobalLimits
+from shigoto.runtime.producer import Producer
+
+
+def job_rows(_cursor: Any) -> RowMaker[Job]:
+    return Job.from_values  # the claim returns JOB_COLUMNS in order
+
+
+def _claim_order(job: Job) -> tuple[Any, ...]:
+    return (-job.priority, job.scheduled_at, job.id)
+
+
+class Claimer:
+    """Claims for one runner. `fanout_ids` holds the jobs claimed as fan-out deliveries, whose
+    outcome goes to their delivery row rather than to the completer."""
+
+    def __init__(
+        self,
+        pool: Callable[[], AsyncConnectionPool | None],
+        stmts: statements.Statements,
+        node: str,
+        *,
+        limits: GlobalLimits,
+        flow: FlowControl,
+    ) -> None:
+        self._pool = pool
+        self.stmts = stmts
+        self.schema = stmts.schema
+        self.node = node
+        self.limits = limits
+        self.flow = flow
+        self.fanout_ids: set[int] = set()
+
+    @property
+    def pool(self) -> AsyncConnectionPool:
+        pool = self._pool()
+        assert pool is not None, "the runner is not running"
+        return pool
+
+    async def claim(self, producer: Producer | None, queue: str, limit: int) -> list[Job]:
+        """Up to `limit` jobs of `queue`, in the order they should start."""
+        if producer is not None and producer.fanout:
+            return await self._claim_deliveries(queue, limit)
+        params: dict[str, Any] = {"queue": queue, "limit": limit, "node": self.node}
+        global_limit = producer.global_limit if producer is not None else None
+        statement = self.stmts.claim
+        async with self.pool.connection() as conn:
+            excluded = await self.limits.saturated(conn)
+            excluded += await self.flow.excluded(conn, queue)
+            if excluded:
+                statement = self.stmts.claim_excluding
+                params["exclude"] = excluded
+            if global_limit is None:
+                jobs = await self._claim_rows(conn, statement, params)
+            else:
+                limited = (self.stmts.claim_excluding_limited if excluded
+                           else self.stmts.claim_limited)  # fmt: skip
+                jobs = await self._claim_limited(conn, limited, params, global_limit)
+        jobs.sort(key=_claim_order)
+        return jobs
+
+    async def _claim_deliveries(self, queue: str, limit: int) -> list[Job]:
+        """A fan-out queue's claim: this runner's own delivery of each new job."""
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=job_rows)
+            jobs = await fanout.claim(cur, self.schema, queue, self.node, limit)
+        self.fanout_ids.update(j.id for j in jobs)
+        jobs.sort(key=_claim_order)
+        return jobs
+
+    @staticmethod
+    async def _claim_rows(conn: Any, statement: str, params: dict[str, Any]) -> list[Job]:
+        cur = conn.cursor(row_factory=job_rows)
+        await cur.execute(statement, params)
+        return await cur.fetchall()
+
+    async def _claim_limited(
+        self, conn: Any, statement: str, params: dict[str, Any], global_limit: int
+    ) -> list[Job]:
+        """Claim no more than the room the queue's global limit has left, counted and claimed
+        under the queue's transaction lock (see `shigoto.runtime.limiter`)."""
+        queue = params["queue"]
+        async with conn.transaction():
+            await lock_scope(conn, self.schema, scope_key(self.schema, "queue", queue))
+            busy = (await count_busy(conn, self.schema, "queue", [queue])).get(queue, 0)
+            room = global_limit - busy
+            if room <= 0:
+                return []
+            return await self._claim_rows(conn, statement, {**params, "room": room})
+
+
+__all__ = ["Claimer", "job_rows"]

@@ -48,13 +48,17 @@ class Claimer:
         *,
         limits: GlobalLimits,
         flow: FlowControl,
+        local_excluded: Callable[[str], list[str]] = lambda _queue: [],
     ) -> None:
+        """`local_excluded(queue)`: workers this runner alone holds back (a worker at its own
+        `concurrency` here), known without asking the database."""
         self._pool = pool
         self.stmts = stmts
         self.schema = stmts.schema
         self.node = node
         self.limits = limits
         self.flow = flow
+        self.local_excluded = local_excluded
         self.fanout_ids: set[int] = set()
 
     @property
@@ -71,7 +75,8 @@ class Claimer:
         global_limit = producer.global_limit if producer is not None else None
         statement = self.stmts.claim
         async with self.pool.connection() as conn:
-            excluded = await self.limits.saturated(conn)
+            excluded = self.local_excluded(queue)
+            excluded += await self.limits.saturated(conn)
             excluded += await self.flow.excluded(conn, queue)
             if excluded:
                 statement = self.stmts.claim_excluding

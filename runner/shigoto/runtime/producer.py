@@ -71,6 +71,8 @@ class Producer(Service):
         self.paused = False
         #: A fan-out queue: this runner claims its own delivery of each job (runtime.fanout).
         self.fanout = False
+        #: Load shedding: claim only jobs of at least this priority (None: every priority).
+        self.min_priority: int | None = None
         self.running: dict[int, tuple[Job, asyncio.Task[None]]] = {}
         self._wake = asyncio.Event()
         self._claiming = True

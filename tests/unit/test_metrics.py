@@ -95,3 +95,31 @@ def test_two_runners_in_one_process_keep_separate_registries() -> None:
     assert value(a, "shigoto_jobs_completed_total", queue="q") == 1
     assert value(b, "shigoto_jobs_completed_total", queue="q") is None
     assert b"process_cpu_seconds_total" in b.exposition() or b"python_info" in b.exposition()
+
+
+def test_flow_control_events_become_counters_and_gauges() -> None:
+    m = RunnerMetrics(NODE, process_metrics=False)
+    m.handle("flow.defer", {"wait": 0.2}, meta(reason="rate_limit", key="worker:app.work"))
+    m.handle("flow.defer", {"wait": 0.0}, meta(reason="concurrency", key="app.work"))
+    m.handle("breaker.transition", {"calls": 10, "failures": 6},
+             {"key": "worker:app.work", "worker": "app.work", "partition": None,
+              "from": "closed", "to": "open", "node": NODE})  # fmt: skip
+    m.handle("shed.change", {"latency": 0.4, "target": 0.1},
+             {"queue": "q", "node": NODE, "shedding": True, "min_priority": 3})  # fmt: skip
+    labels = {"queue": "q", "worker": "app.work"}
+    assert value(m, "shigoto_jobs_deferred_total", reason="rate_limit", **labels) == 1
+    assert value(m, "shigoto_jobs_deferred_total", reason="concurrency", **labels) == 1
+    assert value(m, "shigoto_breaker_transitions_total", worker="app.work", to="open") == 1
+    assert value(m, "shigoto_load_shedding", queue="q") == 1
+    assert value(m, "shigoto_load_shedding_min_priority", queue="q") == 3
+    m.handle("shed.change", {"latency": 0.05, "target": 0.1},
+             {"queue": "q", "node": NODE, "shedding": False, "min_priority": None})  # fmt: skip
+    assert value(m, "shigoto_load_shedding", queue="q") == 0
+    assert value(m, "shigoto_load_shedding_min_priority", queue="q") is None
+
+
+def test_another_nodes_flow_events_are_not_counted() -> None:
+    m = RunnerMetrics(NODE, process_metrics=False)
+    m.handle("flow.defer", {"wait": 0.2}, {**meta(reason="rate_limit", key="k"), "node": "b"})
+    assert value(m, "shigoto_jobs_deferred_total", reason="rate_limit", queue="q",
+                 worker="app.work") is None  # fmt: skip

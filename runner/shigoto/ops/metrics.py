@@ -21,6 +21,11 @@ runner's node count, since telemetry subscribers are process-wide.
 |                                     |           |               | is the one it left)        |
 | shigoto_fanout_deliveries_total     | counter   | queue, outcome| fanout.delivery            |
 | shigoto_fanout_finished_total       | counter   | source        | fanout.finish              |
+| shigoto_jobs_deferred_total         | counter   | queue, worker,| flow.defer                 |
+|                                     |           | reason        |                            |
+| shigoto_breaker_transitions_total   | counter   | worker, to    | breaker.transition         |
+| shigoto_load_shedding               | gauge     | queue         | shed.change (1 shedding)   |
+| shigoto_load_shedding_min_priority  | gauge     | queue         | shed.change (while on)     |
 
 The relation counters come from transitions the database's triggers make; only the leading
 runner emits their events (`shigoto.relations.events`), so summed over the fleet each
@@ -38,6 +43,7 @@ queue the runner stops serving loses its depth series.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
@@ -81,6 +87,7 @@ _RELATION_COUNTERS = {
     "job.forward": "forwarded",
 }
 _FANOUT_EVENTS = ("fanout.delivery", "fanout.finish")
+_FLOW_EVENTS = ("flow.defer", "breaker.transition", "shed.change")
 
 JOB_LABELS = ("queue", "worker")
 #: The label of every queue or worker this runner does not know (see the module docstring).
@@ -149,6 +156,23 @@ class RunnerMetrics:
             " by this runner's last delivery or by its sweep as leader.", ("source",),
             registry=self.registry,
         )  # fmt: skip
+        self.deferred = Counter(
+            "shigoto_jobs_deferred", "Claimed jobs handed back by flow control to wait without "
+            "consuming an attempt (reason: rate_limit, circuit_open, concurrency).",
+            (*JOB_LABELS, "reason"), registry=self.registry,
+        )  # fmt: skip
+        self.breaker_transitions = Counter(
+            "shigoto_breaker_transitions", "Circuit breaker transitions this runner made, by "
+            "the state entered.", ("worker", "to"), registry=self.registry,
+        )  # fmt: skip
+        self.shedding = Gauge(
+            "shigoto_load_shedding", "1 while this runner sheds low-priority jobs of the queue.",
+            ("queue",), registry=self.registry,
+        )  # fmt: skip
+        self.shed_floor = Gauge(
+            "shigoto_load_shedding_min_priority", "The lowest priority this runner still claims "
+            "from the queue while it sheds.", ("queue",), registry=self.registry,
+        )  # fmt: skip
         if process_metrics:
             # Memory, CPU and GC of the runner process: what an operator looks at first.
             process_collector.ProcessCollector(registry=self.registry)
@@ -163,7 +187,7 @@ class RunnerMetrics:
     def attach(self) -> None:
         """Start following this node's job events (idempotent)."""
         if self._handle is None:
-            events = {*_OUTCOME_COUNTERS, *_RELATION_COUNTERS, *_FANOUT_EVENTS}
+            events = {*_OUTCOME_COUNTERS, *_RELATION_COUNTERS, *_FANOUT_EVENTS, *_FLOW_EVENTS}
             self._handle = telemetry.attach(self.handle, events)
 
     def detach(self) -> None:
@@ -189,6 +213,9 @@ class RunnerMetrics:
             count = int(measurements.get("count") or 0)
             self.fanout_finished.labels(str(metadata.get("source"))).inc(count)
             return
+        if event in _FLOW_EVENTS:
+            self._flow(event, metadata)
+            return
         if event not in _OUTCOME_COUNTERS:
             return
         job = metadata["job"]
@@ -196,6 +223,26 @@ class RunnerMetrics:
         getattr(self, _OUTCOME_COUNTERS[event]).labels(*labels).inc()
         if _ends_attempt(event, metadata):
             self.duration.labels(*labels).observe(float(measurements.get("duration") or 0.0))
+
+    def _flow(self, event: str, metadata: dict[str, Any]) -> None:
+        if event == "flow.defer":
+            job = metadata["job"]
+            self.deferred.labels(
+                self._label(job.queue, self._queues), self._label(job.worker, self._workers),
+                str(metadata.get("reason")),
+            ).inc()  # fmt: skip
+        elif event == "breaker.transition":
+            worker = self._label(str(metadata.get("worker")), self._workers)
+            self.breaker_transitions.labels(worker, str(metadata.get("to"))).inc()
+        else:  # shed.change
+            queue = self._label(str(metadata.get("queue")), self._queues)
+            floor = metadata.get("min_priority")
+            self.shedding.labels(queue).set(1 if metadata.get("shedding") else 0)
+            if metadata.get("shedding") and floor is not None:
+                self.shed_floor.labels(queue).set(float(floor))
+            else:
+                with contextlib.suppress(KeyError):  # never set: not shedding before either
+                    self.shed_floor.remove(queue)
 
     @staticmethod
     def _label(name: str, known: Names | None) -> str:

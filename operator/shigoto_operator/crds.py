@@ -70,6 +70,11 @@ MAX_QUEUE_OBJECT_NAME = 63 - len(RUNNER_PREFIX)
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
+#: Rate limit algorithms (shigoto.flow.rate_limit.ALGORITHMS; not imported, to keep this module
+#: pure) and the most starts a sliding window keeps (MAX_SLIDING_LIMIT).
+RATE_ALGORITHMS = ("gcra", "token_bucket", "sliding_window", "leaky_bucket")
+MAX_SLIDING_LIMIT = 10_000
+
 #: The job states a queue may forward (shigoto.relations.forwarding.FORWARDABLE_STATES; not
 #: imported, to keep this module pure): the final failures only.
 FORWARD_STATES = ("discarded", "cancelled")
@@ -165,6 +170,57 @@ def _database() -> dict[str, Any]:
     }
 
 
+def _rate_limit() -> dict[str, Any]:
+    """A queue's rate limit, held in the database for every runner (shigoto.RateLimit)."""
+    return {
+        "type": "object",
+        "description": "At most `limit` job starts of this queue per `per` seconds (plus "
+        "`burst`), across all pods. Unset: no rate limit.",
+        "required": ["limit"],
+        "properties": {
+            "limit": _integer("Job starts allowed per period.", minimum=1),
+            "per": {
+                "type": "number",
+                "description": "The period, in seconds.",
+                "minimum": 0,
+                "exclusiveMinimum": True,
+                "default": 1,
+            },
+            "algorithm": _string(
+                "gcra and leaky_bucket space starts evenly; token_bucket and sliding_window "
+                "allow them to bunch within the period.",
+                enum=list(RATE_ALGORITHMS),
+                default="gcra",
+            ),
+            "burst": _integer(
+                "Extra starts allowed at once beyond the steady rate (not with leaky_bucket).",
+                minimum=0,
+                default=0,
+            ),
+            "byPartition": _boolean(
+                "One limit per partition key (per tenant) instead of one for the queue.",
+                default=False,
+            ),
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": "!has(self.algorithm) || self.algorithm != 'leaky_bucket' || "
+                "!has(self.burst) || self.burst == 0",
+                "message": "a leaky bucket spaces every start evenly: leave burst at 0, or use "
+                "gcra or token_bucket",
+                "fieldPath": ".burst",
+            },
+            {
+                "rule": "!has(self.algorithm) || self.algorithm != 'sliding_window' || "
+                f"self.limit + (has(self.burst) ? self.burst : 0) <= {MAX_SLIDING_LIMIT}",
+                "message": f"a sliding window keeps every start of its period: limit + burst "
+                f"at most {MAX_SLIDING_LIMIT}; use gcra or token_bucket for more",
+                "fieldPath": ".limit",
+            },
+        ],
+    }
+
+
 def _conditions() -> dict[str, Any]:
     return {
         "type": "array",
@@ -235,6 +291,24 @@ QUEUE_SCHEMA: dict[str, Any] = {
             "serving the queue has run it. Global limits do not apply to it.",
             default=False,
         ),
+        "fair": _boolean(
+            "Fair queue: claims go round-robin across the partition keys of its jobs "
+            "(partition_key= on enqueue), so one tenant's backlog never starves the others.",
+            default=False,
+        ),
+        "partitionConcurrency": _integer(
+            "At most this many jobs of one partition key execute at once across all pods "
+            "(with fair: true). Unset: no cap per partition.",
+            minimum=1,
+        ),
+        "weight": _integer(
+            "This queue's share of a runner's capacity relative to the other queues the same "
+            "runner serves, when all are busy (a higher weight gets more).",
+            minimum=1,
+            maximum=1000,
+            default=1,
+        ),
+        "rateLimit": _rate_limit(),
         "database": _database(),
         "runner": {
             "type": "object",
@@ -474,8 +548,10 @@ QUEUE_ROOT_VALIDATIONS: list[dict[str, Any]] = [
             for state in FORWARD_STATES
         )
         + ")",
-        "message": "spec.forward: a queue cannot forward to itself (spec.queueName, which "
+        "message": "a queue cannot forward to itself (spec.queueName, which "
         "defaults to metadata.name); name another queue, such as <queue>-dead",
+        # Points the error at the field rather than at the object (shown as `<nil>` before).
+        "fieldPath": ".spec.forward",
     }
 ]
 

@@ -108,6 +108,13 @@ class QueueSpec:
     #: A fan-out queue (every runner serving it runs each job once); written to the queue's
     #: settings as `shigoto.set_queue(fanout=)`.
     fanout: bool = False
+    #: Flow control (docs/flow-control.md), written to the queue's settings as
+    #: `shigoto.set_queue(fair=, weight=, partition_concurrency=, rate_limit=)`; `rate_limit`
+    #: in the runner's own field names (RateLimit.to_json), None when unset.
+    fair: bool = False
+    weight: int = 1
+    partition_concurrency: int | None = None
+    rate_limit: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -349,6 +356,37 @@ def _forward(value: Any, queue_name: str) -> dict[str, str] | None:
     return out or None
 
 
+def _rate_limit(value: Any) -> dict[str, Any] | None:
+    """`rateLimit` in shigoto.RateLimit's field names; the same rules as the CRD schema and its
+    rules, and as RateLimit itself (not imported: this module stays free of the engine)."""
+    if value is None:
+        return None
+    r = _object(value, "rateLimit")
+    unknown = sorted(set(r) - {"limit", "per", "algorithm", "burst", "byPartition"})
+    if unknown:
+        raise SpecError(f"rateLimit.{unknown[0]}", "is not a rate limit field; give limit, "
+                        "per, algorithm, burst, byPartition")  # fmt: skip
+    if r.get("limit") is None:
+        raise SpecError("rateLimit.limit", "is required")
+    limit = _integer(r["limit"], "rateLimit.limit", minimum=1)
+    per = r.get("per", 1)
+    if isinstance(per, bool) or not isinstance(per, int | float) or not 0 < per < float("inf"):
+        raise SpecError("rateLimit.per", f"must be a positive number of seconds, got {per!r}")
+    algorithm = r.get("algorithm", "gcra")
+    if algorithm not in crds.RATE_ALGORITHMS:
+        raise SpecError("rateLimit.algorithm", f"must be one of "
+                        f"{', '.join(crds.RATE_ALGORITHMS)}, got {algorithm!r}")  # fmt: skip
+    burst = _integer(r.get("burst", 0), "rateLimit.burst", minimum=0)
+    if algorithm == "leaky_bucket" and burst:
+        raise SpecError("rateLimit.burst", "a leaky bucket spaces every start evenly: leave "
+                        "burst at 0, or use gcra or token_bucket")  # fmt: skip
+    if algorithm == "sliding_window" and limit + burst > crds.MAX_SLIDING_LIMIT:
+        raise SpecError("rateLimit.limit", f"a sliding window keeps every start of its "
+                        f"period: limit + burst at most {crds.MAX_SLIDING_LIMIT}")  # fmt: skip
+    return {"limit": limit, "per": per, "algorithm": algorithm, "burst": burst,
+            "by_partition": _boolean(r.get("byPartition", False), "rateLimit.byPartition")}
+
+
 # --- the two kinds ---------------------------------------------------------------------------
 
 
@@ -385,6 +423,13 @@ def parse_queue(name: str, namespace: str, spec: Mapping[str, Any] | None) -> Qu
         autoscaling=_autoscaling(s.get("autoscaling")),
         forward=_forward(s.get("forward"), queue_name),
         fanout=_boolean(s.get("fanout"), "fanout"),
+        fair=_boolean(s.get("fair", False), "fair"),
+        weight=_integer(s.get("weight", 1), "weight", minimum=1, maximum=1000),
+        partition_concurrency=(
+            None if s.get("partitionConcurrency") is None
+            else _integer(s["partitionConcurrency"], "partitionConcurrency", minimum=1)
+        ),
+        rate_limit=_rate_limit(s.get("rateLimit")),
     )
 
 

@@ -67,6 +67,12 @@ def to_json_schema(node: Mapping[str, Any], path: tuple[str, ...] = ()) -> dict[
     }
     if node.get("nullable"):
         out["type"] = [node["type"], "null"]
+    # OpenAPI v3.0 (and so Kubernetes) spells an exclusive bound as a boolean beside minimum;
+    # JSON Schema draft 7 as the bound itself.
+    if out.pop("exclusiveMinimum", False):
+        out["exclusiveMinimum"] = out.pop("minimum")
+    if out.pop("exclusiveMaximum", False):
+        out["exclusiveMaximum"] = out.pop("maximum")
     if "properties" in node:
         out["properties"] = {
             name: to_json_schema(sub, (*path, name)) for name, sub in node["properties"].items()
@@ -99,7 +105,8 @@ def cel_rejections(schema: Mapping[str, Any], value: Any, path: str = "") -> Ite
         program = env.program(env.compile(check["rule"]))
         result = program.evaluate({"self": celpy.json_to_cel(value)})
         if not (isinstance(result, celpy.celtypes.BoolType) and bool(result)):
-            yield Rejection("cel", check["rule"], path, check.get("message", check["rule"]))
+            where = path + check.get("fieldPath", "")  # where the API server reports it
+            yield Rejection("cel", check["rule"], where, check.get("message", check["rule"]))
     if isinstance(value, dict):
         for name, sub in schema.get("properties", {}).items():
             if name in value:
@@ -423,6 +430,8 @@ def test_minimal_queue_gets_the_documented_defaults() -> None:
         "concurrency": 10,
         "paused": False,
         "fanout": False,
+        "fair": False,
+        "weight": 1,
         "database": {
             "secretRef": {"name": "db", "key": "url"},
             "schema": "public",
@@ -592,7 +601,7 @@ MIN_MAX = (
     "self.minReplicas <= self.maxReplicas @ .spec.autoscaling"
 )
 DB = {"secretRef": {"name": "db"}}
-FORWARD_SELF = f"cel: {crds.QUEUE_ROOT_VALIDATIONS[0]['rule']} @ "
+FORWARD_SELF = f"cel: {crds.QUEUE_ROOT_VALIDATIONS[0]['rule']} @ .spec.forward"
 
 #: (id, object, "<rejected by>: <rule> @ <path>"): each row fails one rule, and only that one.
 BAD = [
@@ -718,7 +727,29 @@ def test_forwarding_to_other_queues_is_fine() -> None:
 
 def test_forward_self_message_says_how_to_fix() -> None:
     _, [rejection] = admit(_queue(forward={"discarded": "q"}))
-    assert "spec.forward" in rejection.message and "-dead" in rejection.message
+    assert rejection.path == ".spec.forward" and "-dead" in rejection.message
+
+
+def test_a_rate_limit_is_checked_by_the_schema_and_its_rules() -> None:
+    defaulted, rejections = admit(_queue(rateLimit={"limit": 50, "per": 10}))
+    assert rejections == []
+    assert defaulted["spec"]["rateLimit"] == {
+        "limit": 50, "per": 10, "algorithm": "gcra", "burst": 0, "byPartition": False,
+    }  # fmt: skip
+    _, [leaky] = admit(_queue(rateLimit={"limit": 5, "algorithm": "leaky_bucket", "burst": 2}))
+    assert leaky.path == ".spec.rateLimit.burst" and "leave burst at 0" in leaky.message
+    _, [window] = admit(_queue(rateLimit={"limit": 9999, "burst": 5,
+                                          "algorithm": "sliding_window"}))  # fmt: skip
+    assert window.path == ".spec.rateLimit.limit"
+    for bad in ({"per": 1}, {"limit": 1, "per": 0}, {"limit": 1, "algorithm": "fast"}):
+        assert admit(_queue(rateLimit=bad))[1], bad
+
+
+def test_fair_weight_and_partition_concurrency_have_bounds() -> None:
+    assert admit(_queue(fair=True, weight=3, partitionConcurrency=2))[1] == []
+    assert admit(_queue(weight=0))[1]
+    assert admit(_queue(partitionConcurrency=0))[1]
+    assert admit(_queue(fair="yes"))[1]
 
 
 def test_fanout_is_a_boolean_defaulting_to_false() -> None:

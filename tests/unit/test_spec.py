@@ -196,6 +196,19 @@ def test_parsed_spec_does_not_share_mutable_state_with_the_input() -> None:
             "cannot forward to itself",
         ),
         (queue_spec(fanout="yes"), "spec.fanout", "must be true or false"),
+        (queue_spec(fair=1), "spec.fair", "must be true or false"),
+        (queue_spec(weight=0), "spec.weight", "from 1 to 1000"),
+        (queue_spec(partitionConcurrency=0), "spec.partitionConcurrency", "from 1"),
+        (queue_spec(rateLimit=[50]), "spec.rateLimit", "must be an object"),
+        (queue_spec(rateLimit={"per": 10}), "spec.rateLimit.limit", "is required"),
+        (queue_spec(rateLimit={"limit": 5, "every": 1}), "spec.rateLimit.every", "not a rate"),
+        (queue_spec(rateLimit={"limit": 5, "per": -1}), "spec.rateLimit.per", "positive"),
+        (queue_spec(rateLimit={"limit": 5, "algorithm": "x"}), "spec.rateLimit.algorithm", "gcra"),
+        (
+            queue_spec(rateLimit={"limit": 5, "algorithm": "leaky_bucket", "burst": 1}),
+            "spec.rateLimit.burst",
+            "leave burst at 0",
+        ),
     ],
 )
 def test_bad_queue_spec_names_the_field(spec: dict[str, Any], path: str, words: str) -> None:
@@ -204,6 +217,19 @@ def test_bad_queue_spec_names_the_field(spec: dict[str, Any], path: str, words: 
     assert caught.value.path == path
     assert words in str(caught.value)
     assert str(caught.value).startswith(path + ":")
+
+
+def test_flow_settings_are_parsed_into_the_runners_own_names() -> None:
+    spec = parse_queue("q", "ns", queue_spec(
+        fair=True, weight=3, partitionConcurrency=2,
+        rateLimit={"limit": 50, "per": 10, "algorithm": "sliding_window", "byPartition": True},
+    ))  # fmt: skip
+    assert (spec.fair, spec.weight, spec.partition_concurrency) == (True, 3, 2)
+    assert spec.rate_limit == {"limit": 50, "per": 10, "algorithm": "sliding_window",
+                               "burst": 0, "by_partition": True}  # fmt: skip
+    plain = parse_queue("q", "ns", queue_spec())
+    assert (plain.fair, plain.weight, plain.partition_concurrency, plain.rate_limit) == (
+        False, 1, None, None)  # fmt: skip
 
 
 def test_forward_keeps_the_forwarded_states_only() -> None:

@@ -73,6 +73,8 @@ class Producer(Service):
         self.fanout = False
         #: Load shedding: claim only jobs of at least this priority (None: every priority).
         self.min_priority: int | None = None
+        self.fair = False  # round-robin across partition keys (see shigoto.runtime.claimer)
+        self.partition_concurrency: int | None = None  # per partition, all runners; None: no cap
         self.running: dict[int, tuple[Job, asyncio.Task[None]]] = {}
         self._wake = asyncio.Event()
         self._claiming = True

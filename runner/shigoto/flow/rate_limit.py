@@ -85,4 +85,121 @@ class RateLimit:
         return cls(**data)
 
 
-__all__ = ["ALGORITHMS", "MAX_SLIDING_LIMIT", "RateLimit"]
+# --- The algorithms, pure -------------------------------------------------------------------
+#
+# Each one is a function of (limit, state, not_before) -> (turn, new state). `turn` is the
+# earliest time >= `not_before` at which one more start keeps the limit's bound, and the new
+# state has that start recorded (reserved), even when it lies in the future: the caller either
+# starts the job at once (turn <= now) or makes it wait exactly until `turn`, and nobody else
+# can take that slot meanwhile. Times are seconds since the epoch, on one clock (the
+# database's). A state is a small JSON-able dict; `{}` is a limiter nobody used yet. Every
+# function only ever reserves at or after the latest start it already holds, so the starts it
+# hands out are in order and only the window ending at a new start needs checking.
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """A limiter's decision for one start: when (`at`), and the state with it reserved."""
+
+    at: float
+    state: dict[str, Any]
+
+    def wait(self, now: float) -> float:
+        """Seconds from `now` until this turn; 0 when the job may start at once."""
+        return max(0.0, self.at - now)
+
+
+def _interval(limit: RateLimit) -> float:
+    return limit.per / limit.limit
+
+
+def _gcra(limit: RateLimit, state: dict[str, Any], not_before: float) -> Turn:
+    """GCRA: `tat` is the theoretical arrival time of the next start. A start at t is
+    conforming when t >= tat - tau, with tau = burst * T; it moves tat to max(tat, t) + T."""
+    interval = _interval(limit)
+    tat = float(state.get("tat", not_before))
+    at = max(not_before, tat - limit.burst * interval, float(state.get("last", not_before)))
+    return Turn(at, {"tat": max(tat, at) + interval, "last": at})
+
+
+def _leaky_bucket(limit: RateLimit, state: dict[str, Any], not_before: float) -> Turn:
+    """Strict spacing: the next start is at least T after the previous one."""
+    at = max(not_before, float(state.get("next", not_before)))
+    return Turn(at, {"next": at + _interval(limit)})
+
+
+def _token_bucket(limit: RateLimit, state: dict[str, Any], not_before: float) -> Turn:
+    """Tokens refill at limit/per per second up to max(1, burst); a start takes one. A start
+    that finds less than one token is given the time the token will be there, and the bucket
+    is left empty at that time (so later starts queue behind it)."""
+    capacity = float(max(1, limit.burst))
+    rate = limit.limit / limit.per
+    since = float(state.get("at", not_before))
+    at = max(not_before, since)
+    tokens = min(capacity, float(state.get("tokens", capacity)) + (at - since) * rate)
+    if tokens < 1.0:
+        at += (1.0 - tokens) / rate
+        tokens = 1.0
+    return Turn(at, {"tokens": tokens - 1.0, "at": at})
+
+
+def _sliding_window(limit: RateLimit, state: dict[str, Any], not_before: float) -> Turn:
+    """An exact log of the last `limit + burst` starts: a new start at t >= the latest one
+    fits when the window (t - per, t] holds fewer than limit + burst starts, i.e. when
+    t >= (the start limit + burst places back) + per."""
+    cap = limit.limit + limit.burst
+    starts = [float(s) for s in state.get("starts", [])][-cap:]
+    at = max([not_before, *starts[-1:]])
+    if len(starts) >= cap:
+        at = max(at, starts[-cap] + limit.per)
+    return Turn(at, {"starts": [*starts, at][-cap:]})
+
+
+_ALGORITHMS = {
+    "gcra": _gcra,
+    "leaky_bucket": _leaky_bucket,
+    "token_bucket": _token_bucket,
+    "sliding_window": _sliding_window,
+}
+
+
+def fresh_state(limit: RateLimit, state: Any) -> dict[str, Any]:
+    """`state` if it was kept by this same limit, else `{}`: a limit whose settings changed
+    (another algorithm, other numbers) starts afresh rather than misreading the old state."""
+    if isinstance(state, dict) and state.get("limit") == limit.to_json():
+        return dict(state.get("state") or {})
+    return {}
+
+
+def take_turn(limit: RateLimit, state: Any, now: float, not_before: float | None = None) -> Turn:
+    """The earliest start at or after `now` (and `not_before`) that `limit` allows, given the
+    stored `state`, and the state to store with that start reserved. Pure.
+
+    The returned state is wrapped with the limit's settings (see `fresh_state`), ready to be
+    stored as it is.
+    """
+    start = now if not_before is None else max(now, not_before)
+    turn = _ALGORITHMS[limit.algorithm](limit, fresh_state(limit, state), start)
+    return Turn(turn.at, {"limit": limit.to_json(), "state": turn.state})
+
+
+def common_turn(limits: list[tuple[RateLimit, Any]], now: float) -> tuple[float, list[Any]]:
+    """One start time that every limit in `limits` (each with its stored state) allows, the
+    earliest such, and each limit's new state with it reserved: a job under a worker limit and
+    a queue limit starts once, so it takes the same slot in both. Each limiter's turn only
+    grows with `not_before`, so raising the time to the latest turn until all agree ends (in
+    practice after one or two rounds)."""
+    at = now
+    for _ in range(100):
+        turns = [take_turn(limit, state, now, at) for limit, state in limits]
+        latest = max((t.at for t in turns), default=at)
+        if all(t.at == latest for t in turns):
+            return latest, [t.state for t in turns]
+        at = latest
+    raise RuntimeError("rate limits did not agree on a start time")  # pragma: no cover
+
+
+__all__ = [
+    "ALGORITHMS", "MAX_SLIDING_LIMIT", "RateLimit", "Turn", "common_turn", "fresh_state",
+    "take_turn",
+]  # fmt: skip

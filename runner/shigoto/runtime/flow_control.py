@@ -8,22 +8,73 @@ One `FlowControl` per runner plays three parts:
 - `excluded(conn, queue)`: the workers the next claim of `queue` should leave out (an open
   breaker), so the runner keeps executing other workers' jobs meanwhile;
 - nothing else: the policies themselves are pure (`shigoto.flow`).
+
+Rate limits reserve. Admitting a job locks its limiters' rows (worker, queue, per partition
+when asked), asks the pure algorithm for the earliest start that keeps every bound, and
+records that start in each limiter, in one transaction on the database clock. A start due now
+runs; one due within `HOLD` seconds waits in the runner (its `attempted_at` is the reserved
+start); one further ahead goes back `scheduled` to be claimed again `HOLD` seconds before its
+turn, its attempt given back and its reservation in `meta`, and the claim that finds the
+reservation starts it at its time without asking again. So a job waits exactly until its
+turn, is never counted twice, and the runner keeps claiming other jobs meanwhile.
+
+Breakers count outcomes. Each finished attempt of a worker with a breaker is recorded in its
+row (a failure when the perform raised or timed out and `classify` agrees; a success when it
+completed; a snooze, a cancel or a discard by intent counts as neither). While a breaker
+blocks, `excluded` keeps its worker's jobs out of every claim; a job claimed anyway goes back
+with its attempt given back. Workers and queues without limits pay nothing: no query at all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import logging
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from shigoto import registry, telemetry
 from shigoto.clock import SYSTEM, Clock
+from shigoto.db import flow_statements as fs
 from shigoto.db import statements
-from shigoto.flow import RateLimit
-from shigoto.job import Job
+from shigoto.flow import CircuitBreaker, RateLimit
+from shigoto.flow import circuit_breaker as machine
+from shigoto.flow.rate_limit import common_turn, take_turn
+from shigoto.job import Job, JobState
 from shigoto.runtime.executor import Completion
 
-Next = Callable[[Job], Any]
+log = logging.getLogger("shigoto.flow")
+
+Next = Callable[[Job], Awaitable[Completion | None]]
+
+#: Seconds: a job whose turn is at most this far ahead waits in its runner; one further ahead
+#: is handed back and claimed again this long before its turn (more than the stager's default
+#: half second, so it is back in a runner in time to start on the dot).
+HOLD = 0.75
+#: Seconds a job of a partition whose breaker blocks waits when no end is known (every probe
+#: slot is taken): long enough not to spin, short enough to be the next probe.
+PROBE_RETRY = 1.0
+
+
+def limit_key(scope: str, name: str, partition: str | None, by_partition: bool) -> str:
+    """`worker:<name>`, `queue:<name>`, or with `:<partition>` for a per-partition limit (jobs
+    without a partition key share the unsuffixed one)."""
+    if by_partition and partition is not None:
+        return f"{scope}:{name}:{partition}"
+    return f"{scope}:{name}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Guard:
+    """A job's breaker and what its admission decided."""
+
+    breaker: CircuitBreaker
+    key: str
+    probe_started: float | None = None
 
 
 class FlowControl:
@@ -42,14 +93,303 @@ class FlowControl:
         self.node = node
         self.queue_rate_limit = queue_rate_limit
         self.clock = clock
+        self._sql = {name: fs.compose(getattr(fs, name), self.schema) for name in (
+            "LOCK_LIMITERS", "SAVE_LIMITERS", "HOLD_JOB", "DEFER_RESERVED", "DEFER",
+            "READ_BREAKER", "LOCK_BREAKER", "SAVE_BREAKER", "BLOCKED_WORKERS")}  # fmt: skip
+        #: Jobs of breaker workers running now, and the error of a failed attempt among them
+        #: (the completion carries the error's text; `classify` needs the exception itself).
+        self._watching: set[int] = set()
+        self._errors: dict[int, BaseException] = {}
+        self._sink: int | None = None
+
+    @property
+    def pool(self) -> AsyncConnectionPool:
+        pool = self._pool()
+        assert pool is not None, "the runner is not running"
+        return pool
+
+    # --- the middleware ------------------------------------------------------------------
 
     async def __call__(self, job: Job, call_next: Next) -> Completion | None:
-        result: Completion | None = await call_next(job)
-        return result
+        worker = registry.get(job.worker)
+        limits = self._rate_limits(job, worker)
+        breaker: CircuitBreaker | None = getattr(worker, "circuit_breaker", None)
+        if not limits and breaker is None:
+            return await call_next(job)
+        guard = None
+        if breaker is not None:
+            guard = await self._breaker_admit(job, breaker)
+            if guard is None:
+                return None
+        if limits and not await self._rate_admit(job, limits):
+            if guard is not None and guard.probe_started is not None:
+                await self._record(job, guard, None)  # the probe slot goes to another job
+            return None
+        if guard is None:
+            return await call_next(job)
+        return await self._run_guarded(job, guard, call_next)
+
+    def _rate_limits(self, job: Job, worker: Any) -> list[tuple[str, RateLimit]]:
+        """The limits a job of `worker` in its queue is under, by limiter key."""
+        found: list[tuple[str, RateLimit]] = []
+        own: RateLimit | None = getattr(worker, "rate_limit", None)
+        if own is not None:
+            found.append((limit_key("worker", job.worker, job.partition_key, own.by_partition),
+                          own))  # fmt: skip
+        shared = self.queue_rate_limit(job.queue)
+        if shared is not None:
+            found.append((limit_key("queue", job.queue, job.partition_key,
+                                    shared.by_partition), shared))  # fmt: skip
+        return found
+
+    # --- rate limits ---------------------------------------------------------------------
+
+    async def _rate_admit(self, job: Job, limits: list[tuple[str, RateLimit]]) -> bool:
+        """Whether `job` starts now (after waiting in place for a turn a moment ahead); if not,
+        it was handed back to wait for its reserved turn."""
+        reserved = self._reserved_start(job)
+        if reserved is not None:
+            await self._hold(job, reserved, reserved - job_claimed_at(job, reserved))
+            return True
+        try:
+            async with self.pool.connection() as conn, conn.transaction():
+                at, now, key = await self._reserve(conn, limits)
+                wait = at - now
+                if wait <= 0:
+                    return True
+                if wait > HOLD:
+                    await conn.execute(self._sql["DEFER_RESERVED"], {
+                        "id": job.id, "node": self.node, "at": at, "wake": at - HOLD})  # fmt: skip
+        except Exception as exc:
+            log.warning("could not check the rate limits of job %s: %s; handing it back",
+                        job.id, exc, extra=_fields(job))  # fmt: skip
+            await self._put_back(job)
+            return False
+        if wait > HOLD:
+            self._deferred(job, wait, "rate_limit", key)
+            return False
+        await self._hold(job, at, wait)
+        return True
+
+    async def _reserve(
+        self, conn: Any, limits: list[tuple[str, RateLimit]]
+    ) -> tuple[float, float, str]:
+        """Lock the limiters, take one common turn and save it: (turn, now, binding key)."""
+        keys = sorted({key for key, _ in limits})
+        cur = await conn.execute(self._sql["LOCK_LIMITERS"], {"keys": keys})
+        rows = {key: (state, now) for key, state, now in await cur.fetchall()}
+        now = max(now for _, now in rows.values())
+        chosen = [(limit, rows[key][0]) for key, limit in limits]
+        at, states = common_turn(chosen, now)
+        await conn.execute(self._sql["SAVE_LIMITERS"], {
+            "keys": [key for key, _ in limits], "states": [Jsonb(s) for s in states],
+            "at": at})  # fmt: skip
+        own_turns = [take_turn(limit, state, now).at for limit, state in chosen]
+        binding = limits[own_turns.index(max(own_turns))][0]
+        return at, now, binding
+
+    @staticmethod
+    def _reserved_start(job: Job) -> float | None:
+        """The start reserved for this very attempt by an earlier claim, if any: written with
+        the attempt and the wake-up time it was handed back with, so a reservation never
+        outlives a retry or a snooze."""
+        slot = (job.meta or {}).get(fs.SLOT_META) if isinstance(job.meta, dict) else None
+        if not isinstance(slot, dict) or slot.get("attempt") != job.attempt:
+            return None
+        try:
+            at, wake = float(slot["at"]), float(slot["wake"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        if abs(job.scheduled_at.timestamp() - wake) > 0.001:
+            return None
+        return at
+
+    async def _hold(self, job: Job, at: float, wait: float) -> None:
+        """Start `job` at its reserved time `at`, `wait` seconds from now; its recorded start
+        is that time."""
+        if wait <= 0:
+            return
+        started = self.clock.monotonic()
+        try:
+            async with self.pool.connection() as conn:
+                await conn.execute(self._sql["HOLD_JOB"],
+                                   {"id": job.id, "node": self.node, "at": at})  # fmt: skip
+        except Exception as exc:  # the start time shown is the claim's; the job still waits
+            log.debug("could not record the reserved start of job %s: %s", job.id, exc)
+        await asyncio.sleep(max(0.0, wait - (self.clock.monotonic() - started)))
+
+    # --- circuit breakers ----------------------------------------------------------------
+
+    async def _breaker_admit(self, job: Job, breaker: CircuitBreaker) -> _Guard | None:
+        """The job's guard if its breaker admits it; None if it was handed back."""
+        key = limit_key("worker", job.worker, job.partition_key, breaker.by_partition)
+        try:
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(self._sql["READ_BREAKER"], {"key": key})
+                row = await cur.fetchone()
+                if row is None or row[0] == machine.CLOSED:
+                    return _Guard(breaker, key)
+                async with conn.transaction():
+                    state, now = await self._lock_breaker(conn, job, key)
+                    step = machine.admit(breaker, state, now)
+                    if step.state != state:
+                        await self._save_breaker(conn, key, step)
+        except Exception as exc:
+            log.warning("could not check the circuit breaker of job %s: %s; handing it back",
+                        job.id, exc, extra=_fields(job))  # fmt: skip
+            await self._put_back(job)
+            return None
+        self._transitions(job, key, step.transitions)
+        if step.admitted:
+            return _Guard(breaker, key, now if step.probe else None)
+        await self._wait_breaker(job, key, breaker, step.blocked_until, now)
+        return None
+
+    async def _wait_breaker(
+        self, job: Job, key: str, breaker: CircuitBreaker, until: float | None, now: float
+    ) -> None:
+        """Hand back a job its breaker did not admit. A whole-worker breaker keeps the job
+        available (the claim leaves it in place while the breaker blocks); one partition's
+        breaker cannot be seen by the claim, so the job waits scheduled until it may run."""
+        wake = until if until is not None else now + PROBE_RETRY
+        try:
+            async with self.pool.connection() as conn:
+                if breaker.by_partition and job.partition_key is not None:
+                    await conn.execute(self._sql["DEFER"],
+                                       {"id": job.id, "node": self.node, "wake": wake})  # fmt: skip
+                else:
+                    await conn.execute(self.stmts.put_back, {"ids": [job.id], "node": self.node})
+        except Exception as exc:  # the rescuer returns it once its deadline has passed
+            log.warning("could not hand job %s back: %s", job.id, exc, extra=_fields(job))
+        self._deferred(job, max(0.0, wake - now), "circuit_open", key)
+
+    async def _run_guarded(self, job: Job, guard: _Guard, call_next: Next) -> Completion | None:
+        self._watch()
+        self._watching.add(job.id)
+        try:
+            completion = await call_next(job)
+        except BaseException:
+            if guard.probe_started is not None:
+                await asyncio.shield(self._record(job, guard, None))
+            raise
+        finally:
+            self._watching.discard(job.id)
+            error = self._errors.pop(job.id, None)
+        await self._record(job, guard, self._outcome(guard.breaker, completion, error))
+        return completion
+
+    @staticmethod
+    def _outcome(
+        breaker: CircuitBreaker, completion: Completion | None, error: BaseException | None
+    ) -> bool | None:
+        """True for a failure the breaker counts, False for a success, None for neither."""
+        if completion is None:
+            return None
+        if completion.state == JobState.COMPLETED:
+            return False
+        if completion.state in (JobState.RETRYABLE, JobState.DISCARDED) and not completion.snooze:
+            return machine.is_failure(breaker, error)  # no error seen: a discard by intent
+        return None
+
+    async def _record(self, job: Job, guard: _Guard, failed: bool | None) -> None:
+        """Record one finished call in the breaker's row; never fails the job."""
+        if failed is None and guard.probe_started is None:
+            return  # counts for nothing, frees nothing
+        try:
+            async with self.pool.connection() as conn, conn.transaction():
+                state, now = await self._lock_breaker(conn, job, guard.key)
+                step = machine.record(guard.breaker, state, now, failed,
+                                      probe=guard.probe_started is not None,
+                                      started=guard.probe_started)  # fmt: skip
+                if step.state != state:
+                    await self._save_breaker(conn, guard.key, step)
+        except Exception as exc:
+            log.warning("could not record the outcome of job %s in its circuit breaker: %s",
+                        job.id, exc, extra=_fields(job))  # fmt: skip
+            return
+        self._transitions(job, guard.key, step.transitions)
+
+    async def _lock_breaker(self, conn: Any, job: Job, key: str) -> tuple[dict[str, Any], float]:
+        partition = job.partition_key if key != f"worker:{job.worker}" else None
+        params = {"key": key, "worker": job.worker, "partition": partition}
+        cur = await conn.execute(self._sql["LOCK_BREAKER"], params)
+        state, now = await cur.fetchone()
+        return dict(state or {}), float(now)
+
+    async def _save_breaker(self, conn: Any, key: str, step: machine.Step) -> None:
+        await conn.execute(self._sql["SAVE_BREAKER"], {
+            "key": key, "status": machine.status(step.state), "state": Jsonb(step.state),
+            "blocked": step.blocked_until})  # fmt: skip
+
+    def _transitions(self, job: Job, key: str, moves: tuple[machine.Transition, ...]) -> None:
+        partition = job.partition_key if key != f"worker:{job.worker}" else None
+        for move in moves:
+            telemetry.emit(
+                "breaker.transition", {"calls": move.calls, "failures": move.failures},
+                {"key": key, "worker": job.worker, "partition": partition,
+                 "from": move.before, "to": move.after, "node": self.node},
+            )  # fmt: skip
+            log.info("circuit breaker %s: %s -> %s (%d calls, %d failures)", key, move.before,
+                     move.after, move.calls, move.failures,
+                     extra={"worker": job.worker, "breaker": key})  # fmt: skip
+
+    def _watch(self) -> None:
+        """Subscribe (once) to failed attempts, to keep the exception of a watched job. The
+        subscription holds this object weakly and ends with it."""
+        if self._sink is not None:
+            return
+        ref = weakref.ref(self)
+        handle: list[int] = []
+
+        def on_exception(_event: str, _measurements: dict[str, Any], meta: dict[str, Any]) -> None:
+            flow = ref()
+            if flow is None:
+                telemetry.detach(handle[0])
+                return
+            job = meta.get("job")
+            if meta.get("node") == flow.node and job is not None and job.id in flow._watching:
+                flow._errors[job.id] = meta["error"]
+
+        handle.append(telemetry.attach(on_exception, ["job.exception"]))
+        self._sink = handle[0]
+
+    # --- the claim -----------------------------------------------------------------------
 
     async def excluded(self, conn: Any, queue: str) -> list[str]:
-        """Workers whose jobs the next claim of `queue` leaves where they are."""
-        return []
+        """Workers whose jobs the next claim of `queue` leaves where they are: those whose
+        whole-worker breaker blocks (open, or every probe slot taken). No query when no
+        registered worker has such a breaker."""
+        keys = [f"worker:{name}" for name, w in registry.snapshot().items()
+                if getattr(w, "circuit_breaker", None) is not None
+                and not w.circuit_breaker.by_partition]  # fmt: skip
+        if not keys:
+            return []
+        cur = await conn.execute(self._sql["BLOCKED_WORKERS"], {"keys": keys})
+        return [row[0] for row in await cur.fetchall()]
+
+    # --- shared --------------------------------------------------------------------------
+
+    def _deferred(self, job: Job, wait: float, reason: str, key: str) -> None:
+        telemetry.emit("flow.defer", {"wait": wait},
+                       {"job": job, "node": self.node, "reason": reason, "key": key})  # fmt: skip
+        log.debug("job %s (%s) waits %.3fs: %s %s", job.id, job.worker, wait, reason, key,
+                  extra=_fields(job))  # fmt: skip
+
+    async def _put_back(self, job: Job) -> None:
+        try:
+            async with self.pool.connection() as conn:
+                await conn.execute(self.stmts.put_back, {"ids": [job.id], "node": self.node})
+        except Exception as exc:  # the rescuer returns it once its deadline has passed
+            log.warning("could not hand job %s back: %s", job.id, exc, extra=_fields(job))
 
 
-__all__ = ["FlowControl"]
+def job_claimed_at(job: Job, default: float) -> float:
+    """When the job was claimed, on the database clock (the claim stamps `attempted_at`)."""
+    return job.attempted_at.timestamp() if job.attempted_at is not None else default
+
+
+def _fields(job: Job) -> dict[str, Any]:
+    return {"job_id": job.id, "worker": job.worker, "queue": job.queue}
+
+
+__all__ = ["HOLD", "FlowControl", "limit_key"]

@@ -155,6 +155,9 @@ def _sliding_window(limit: RateLimit, state: dict[str, Any], not_before: float) 
     return Turn(at, {"starts": [*starts, at][-cap:]})
 
 
+#: Seconds below which a turn counts as now: float rounding, far under any clock's precision.
+EPSILON = 1e-6
+
 _ALGORITHMS = {
     "gcra": _gcra,
     "leaky_bucket": _leaky_bucket,
@@ -180,7 +183,10 @@ def take_turn(limit: RateLimit, state: Any, now: float, not_before: float | None
     """
     start = now if not_before is None else max(now, not_before)
     turn = _ALGORITHMS[limit.algorithm](limit, fresh_state(limit, state), start)
-    return Turn(turn.at, {"limit": limit.to_json(), "state": turn.state})
+    # Sums of float seconds (tat - tau) land a few ulps past the time they mean; a turn that
+    # close is this very moment, not a wait (the state keeps the later value: never early).
+    at = start if turn.at - start < EPSILON else turn.at
+    return Turn(at, {"limit": limit.to_json(), "state": turn.state})
 
 
 def common_turn(limits: list[tuple[RateLimit, Any]], now: float) -> tuple[float, list[Any]]:

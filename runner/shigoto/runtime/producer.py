@@ -12,6 +12,11 @@ not when a perform ends.
 Before each claim the producer waits for `room` (the completer's backlog below its bound): a
 runner whose outcomes cannot be written claims nothing more, as River's completer makes its
 callers wait.
+
+A runner with a runner-wide capacity gives each producer a `share` (its slots left under the
+weighted split, see `shigoto.runtime.capacity`) that caps `wanted` beside its own concurrency,
+and an `on_change` hook, called after each claim and each finished job, through which the
+runner hands freed capacity to the queues that want it. `has_demand` is what the split reads.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ CLAIM_RETRY_MAX = 30.0
 ClaimFn = Callable[[str, int], Awaitable[list[Job]]]
 ExecuteFn = Callable[[Job], Awaitable[None]]
 RoomFn = Callable[[], Awaitable[None]]
+ShareFn = Callable[["Producer"], int]
 
 
 class Producer(Service):
@@ -73,12 +79,20 @@ class Producer(Service):
         self.fanout = False
         #: Load shedding: claim only jobs of at least this priority (None: every priority).
         self.min_priority: int | None = None
+        #: The queue's weight in the runner's capacity split (from shigoto_queues).
+        self.weight = 1
+        #: Slots the runner's capacity split leaves this queue now (None: no runner capacity).
+        self.share: ShareFn | None = None
+        #: Called after each claim and each finished job (the runner rebalances its capacity).
+        self.on_change: Callable[[], None] | None = None
         self.fair = False  # round-robin across partition keys (see shigoto.runtime.claimer)
         self.partition_concurrency: int | None = None  # per partition, all runners; None: no cap
         self.running: dict[int, tuple[Job, asyncio.Task[None]]] = {}
         self._wake = asyncio.Event()
         self._claiming = True
         self._more_waiting = False
+        #: Woken or polled since the last claim: work may be waiting, unknown until it claims.
+        self._asked = True
         self._drained = asyncio.Event()
         self._drained.set()
         self._stopped = asyncio.Event()
@@ -108,6 +122,23 @@ class Producer(Service):
         self._wake.set()
         self._stop.set()
 
+    @property
+    def claimable(self) -> bool:
+        """Whether this producer claims at all now (not stopped, not paused)."""
+        return self._claiming and not self.paused
+
+    @property
+    def wants_more(self) -> bool:
+        """Work is probably waiting: the last claim came back full, or the producer was woken
+        (a NOTIFY, a poll) and has not claimed since."""
+        return self.claimable and (self._more_waiting or self._asked)
+
+    @property
+    def has_demand(self) -> bool:
+        """Whether the runner's capacity split counts this queue in: it runs jobs, or probably
+        has more waiting. A paused or stopped queue without running jobs takes no share."""
+        return bool(self.running) or self.wants_more
+
     async def run_once(self) -> int:
         """Claim what the free slots allow and start those jobs; returns how many."""
         if not self._claiming or self.paused or self.wanted == 0:
@@ -117,7 +148,12 @@ class Producer(Service):
         jobs = await self._claim_batch()
         for job in jobs:
             self._start(job)
+        self._changed()
         return len(jobs)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     async def wait_next(self, seconds: float) -> None:
         if self._retrying:  # after a failed claim: its backoff, then claim again at once
@@ -127,6 +163,7 @@ class Producer(Service):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), seconds)
         self._wake.clear()
+        self._asked = True  # woken or polled: the next claim finds out what waits
 
     def retry_wait(self, failures: int) -> float:
         return min(CLAIM_RETRY_INITIAL * 2 ** (failures - 1), CLAIM_RETRY_MAX)
@@ -154,6 +191,8 @@ class Producer(Service):
         wanted = min(self.free, self.claim_batch)
         if self.global_limit is not None:
             wanted = min(wanted, max(self.global_limit - len(self.running), 0))
+        if self.share is not None:
+            wanted = min(wanted, max(self.share(self), 0))
         return wanted
 
     async def _claim_batch(self) -> list[Job]:
@@ -167,6 +206,7 @@ class Producer(Service):
         )
         # A full claim means the queue probably holds more: claim again as soon as a slot frees.
         self._more_waiting = len(jobs) == wanted
+        self._asked = False
         return jobs
 
     def _start(self, job: Job) -> None:
@@ -183,6 +223,7 @@ class Producer(Service):
             self._wake.set()
         if not self.running:
             self._drained.set()
+        self._changed()
 
     def cancel_job(self, job_id: int) -> bool:
         """Cancel the task running `job_id` (its row was already cancelled in the database)."""

@@ -34,9 +34,14 @@ from shigoto.cron.scheduler import store as store_schedules
 from shigoto.db import statements
 from shigoto.db.migrate import current_version, latest_version, migrate
 from shigoto.errors import ConfigurationError, Error, MigrationError
+from shigoto.flow.codel import DEFAULT_INTERVAL as SHED_INTERVAL
+from shigoto.flow.codel import check_setting as check_shed_setting
+from shigoto.flow.shares import check_capacity
 from shigoto.job import Job
 from shigoto.relations import events as relation_events
 from shigoto.runtime import fanout, rescuer
+from shigoto.runtime.bulkhead import Bulkheads
+from shigoto.runtime.capacity import Capacity
 from shigoto.runtime.claimer import Claimer
 from shigoto.runtime.completer import Completer
 from shigoto.runtime.elector import Elector
@@ -62,6 +67,7 @@ from shigoto.runtime.notifier import Notifier
 from shigoto.runtime.producer import Producer
 from shigoto.runtime.pruner import Pruner
 from shigoto.runtime.rescuer import STUCK_AFTER, Rescuer
+from shigoto.runtime.shedding import Shedding
 from shigoto.runtime.stager import Stager
 from shigoto.runtime.threads import Threads
 from shigoto.worker import WorkerResolver
@@ -117,6 +123,16 @@ class Runner:
     though its node lives (see `shigoto.runtime.rescuer`). `clock`: the time every service
     reads (see `shigoto.clock`; tests pass a `ManualClock`).
 
+    Flow control on this runner (docs/flow-control.md): `capacity` caps the jobs running at
+    once across all its queues and splits them by each queue's weight (`set_queue(name,
+    weight=N)`), lending idle queues' shares to busy ones (`shigoto.runtime.capacity`; default
+    None: each queue runs up to its own concurrency, independently). A worker's
+    `concurrency=N` is a bulkhead: at most N of its jobs at once here
+    (`shigoto.runtime.bulkhead`). `shed_target` turns load shedding on: while claim-to-start
+    latency stays above it for `shed_interval` seconds (default 1), the runner stops claiming
+    its queues' lowest priorities first (`shigoto.runtime.shedding`); default None: off, since
+    only the application knows whether its priorities may wait.
+
     Each claimed job goes through the execution middleware chain (`shigoto.runtime.middleware`:
     worker resolution, global limits, the stuck-thread count, the progress writer) to the
     executor, and its outcome to the completer.
@@ -140,6 +156,9 @@ class Runner:
         stuck_after: float = STUCK_AFTER,
         traceback_level: int = logging.DEBUG,
         clock: Clock = SYSTEM,
+        capacity: int | None = None,
+        shed_target: float | None = None,
+        shed_interval: float = SHED_INTERVAL,
         **overrides: Any,
     ) -> None:
         self.url = config.database_url(database_url)
@@ -179,8 +198,15 @@ class Runner:
             lambda: self._pool, self.stmts, self.node, clock=clock,
             queue_rate_limit=lambda q: getattr(self._queue_settings.get(q), "rate_limit", None),
         )  # fmt: skip
+        self.bulkheads = Bulkheads(lambda: self._pool, self.stmts, self.node, self._held_jobs)
         self.claimer = Claimer(lambda: self._pool, self.stmts, self.node, limits=self.limits,
-                               flow=self.flow)  # fmt: skip
+                               flow=self.flow, local_excluded=self.bulkheads.excluded)  # fmt: skip
+        capacity = check_capacity(capacity)
+        self.capacity = Capacity(capacity, lambda: self.producers) if capacity else None
+        shed_target = check_shed_setting("shed_target", shed_target)
+        shed_interval = check_shed_setting("shed_interval", shed_interval) or SHED_INTERVAL
+        self.shedding = (Shedding(shed_target, lambda: self.producers, self.node,
+                                  interval=shed_interval) if shed_target else None)  # fmt: skip
         #: The shared settings last read, by queue (runtime producers start from them).
         self._queue_settings: dict[str, QueueSetting] = {}
         self.ready = asyncio.Event()
@@ -257,12 +283,16 @@ class Runner:
             callbacks=self._callbacks, callback_timeout=self.callback_timeout,
             traceback_level=self.traceback_level,
         )  # fmt: skip
-        self._execute_chain = chain(
-            [PrepareWorker(self._resolver), self.limits, self.flow,
-             StuckThreadsGuard(self._check_stuck),
-             self.progress, ParentResults(lambda: self._pool, self.stmts, self.node)],
-            self._run_job,
-        )  # fmt: skip
+        # The bulkhead first: it costs no query and may spare the global limit's. Shedding's
+        # latency sample last: the perform starts right after it.
+        middlewares: list[Any] = [
+            PrepareWorker(self._resolver), self.bulkheads, self.limits, self.flow,
+            StuckThreadsGuard(self._check_stuck),
+            self.progress, ParentResults(lambda: self._pool, self.stmts, self.node),
+        ]  # fmt: skip
+        if self.shedding is not None:
+            middlewares.append(self.shedding)
+        self._execute_chain = chain(middlewares, self._run_job)
         heartbeat = Heartbeat(pool, self.stmts, self.node, lambda: dict(self.queues),
                               s.heartbeat_interval, clock=self.clock)  # fmt: skip
         await heartbeat.run_once()
@@ -290,6 +320,8 @@ class Runner:
                 s.settings_interval),
         }  # fmt: skip
         await services["queue-settings"].run_once()  # limits known before the first claim
+        if self.shedding is not None:
+            services["shedding"] = self.shedding
         if self.cron:
             services["cron"] = CronScheduler(
                 pool, self.schema, is_leader=leader, interval=s.cron_interval
@@ -461,6 +493,9 @@ class Runner:
             node=self.node, room=self._completer_room,
         )  # fmt: skip
         producer.global_limit = self.global_concurrency.get(queue)
+        if self.capacity is not None:
+            producer.share = self.capacity.share
+            producer.on_change = self.capacity.rebalance
         setting = self._queue_settings.get(queue)
         if setting is None:
             # Not read yet (a queue added at run time): claim nothing until the watcher has
@@ -475,13 +510,24 @@ class Runner:
     # -- the job path ---------------------------------------------------------------------
 
     async def _claim(self, queue: str, limit: int) -> list[Job]:
-        return await self.claimer.claim(self.producers.get(queue), queue, limit)
+        jobs = await self.claimer.claim(self.producers.get(queue), queue, limit)
+        if self.shedding is not None:
+            self.shedding.claimed(jobs)
+        return jobs
+
+    def _held_jobs(self) -> list[Job]:
+        """Every job this runner's producers hold now: claimed and not finished."""
+        return [job for p in self.producers.values() for job, _ in p.running.values()]
 
     async def _execute(self, job: Job) -> None:
         """Run one claimed job through the execution middleware chain. A fan-out delivery the
         chain handed back (no outcome) is released, as a plain job's row is put back: this
         runner takes it again later instead of holding its job open while it lives."""
-        completion = await self._execute_chain(job)
+        try:
+            completion = await self._execute_chain(job)
+        finally:
+            if self.shedding is not None:
+                self.shedding.forget(job.id)
         if completion is None and job.id in self.claimer.fanout_ids:
             self.claimer.fanout_ids.discard(job.id)
             assert self._pool is not None
@@ -615,10 +661,11 @@ class Runner:
 
 
 def _configure(producer: Producer, setting: QueueSetting) -> None:
-    """A producer as its queue's shared settings say (paused, global limit, fan-out)."""
+    """A producer as its queue's shared settings say (paused, global limit, fan-out, weight)."""
     producer.paused = setting.paused
     producer.global_limit = setting.global_concurrency
     producer.fanout = setting.fanout
+    producer.weight = getattr(setting, "weight", 1)  # QueueSetting.weight is on its way
 
 
 def _log_failed_discard(task: asyncio.Future[None]) -> None:

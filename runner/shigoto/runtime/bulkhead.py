@@ -1,0 +1,102 @@
+"""Bulkheads: a worker's `concurrency=N` caps how many of its jobs run at once on one runner.
+
+A slow or failing dependency then holds at most N of the runner's slots, and the other
+workers of the same queues keep running in the rest. (`global_concurrency` is the fleet-wide
+twin, counted in PostgreSQL; this one is local, counted in memory, and costs no query.)
+
+Two parts, both from what this runner's producers hold:
+
+- `excluded(queue)`: the claim leaves the jobs of a worker already at its cap where they are
+  (`Claimer(local_excluded=...)`), so the queue's other jobs are claimed instead;
+- the middleware: a job claimed over the cap anyway (claims of several queues, or a batch
+  holding more of the worker's jobs than it has room for) is handed back as available without
+  consuming its attempt, with a `flow.defer` event (reason `concurrency`), and the chain ends
+  with `None`. Admission is counted on the event loop, so it is exact.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from psycopg_pool import AsyncConnectionPool
+
+from shigoto import telemetry
+from shigoto.db import statements
+from shigoto.job import Job
+from shigoto.runtime.executor import Completion
+from shigoto.runtime.middleware import Next
+from shigoto.worker import registered
+
+log = logging.getLogger("shigoto.runner")
+
+
+def worker_caps() -> dict[str, int]:
+    """Per-runner caps of the workers this process knows (`@worker(concurrency=N)`)."""
+    return {name: cap for name, w in registered().items()
+            if (cap := getattr(w, "concurrency", None))}  # fmt: skip
+
+
+class Bulkheads:
+    """The per-runner caps of workers: the claim's exclusions and the admission middleware."""
+
+    def __init__(
+        self,
+        pool: Callable[[], AsyncConnectionPool | None],
+        stmts: statements.Statements,
+        node: str,
+        held: Callable[[], Iterable[Job]],
+    ) -> None:
+        """`held()`: the jobs this runner's producers hold now (claimed and not finished)."""
+        self._pool = pool
+        self.stmts = stmts
+        self.node = node
+        self.held = held
+        #: Jobs admitted past this middleware and not finished, by worker.
+        self.admitted: Counter[str] = Counter()
+
+    def excluded(self, queue: str) -> list[str]:
+        """Workers at their cap here: the next claim (of any queue) leaves their jobs. Counted
+        over every job held, admitted or not yet, so a claim never adds to a full worker."""
+        caps = worker_caps()
+        if not caps:
+            return []
+        held = Counter(job.worker for job in self.held() if job.worker in caps)
+        return sorted(name for name, count in held.items() if count >= caps[name])
+
+    async def __call__(self, job: Job, call_next: Next) -> Completion | None:
+        cap = worker_caps().get(job.worker)
+        if cap is None:
+            return await call_next(job)
+        if self.admitted[job.worker] >= cap:
+            await self._hand_back(job, cap)
+            return None
+        self.admitted[job.worker] += 1
+        try:
+            return await call_next(job)
+        finally:
+            self.admitted[job.worker] -= 1
+            if self.admitted[job.worker] <= 0:
+                del self.admitted[job.worker]
+
+    async def _hand_back(self, job: Job, cap: int) -> None:
+        """Make the job available again, attempt given back: it waits for a free slot of its
+        worker here, or is taken by another runner."""
+        telemetry.emit(
+            "flow.defer", {"wait": 0.0},
+            {"job": job, "node": self.node, "reason": "concurrency", "key": job.worker},
+        )  # fmt: skip
+        log.debug("job %s (%s) handed back: %d of its worker's jobs already run here",
+                  job.id, job.worker, cap,
+                  extra={"job_id": job.id, "worker": job.worker})  # fmt: skip
+        try:
+            pool = self._pool()
+            if pool is not None:
+                async with pool.connection() as conn:
+                    await conn.execute(self.stmts.put_back, {"ids": [job.id], "node": self.node})
+        except Exception as exc:  # the rescuer returns it once its deadline has passed
+            log.warning("could not hand job %s back: %s", job.id, exc)
+
+
+__all__ = ["Bulkheads", "worker_caps"]

@@ -1,0 +1,133 @@
+"""The CoDel controller of load shedding: enter, escalate by the control law, recover."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from shigoto.errors import ConfigurationError
+from shigoto.flow.codel import CoDel, check_setting, level_floor
+
+TARGET = 0.1
+INTERVAL = 1.0
+
+
+def controller(max_level: int = 5) -> CoDel:
+    return CoDel(TARGET, INTERVAL, max_level=max_level)
+
+
+def feed(codel: CoDel, latency: float, start: float, end: float, step: float = 0.05) -> int:
+    """Samples of `latency` every `step` seconds from `start` to `end` (inclusive)."""
+    t = start
+    while t <= end + 1e-9:
+        codel.observe(latency, t)
+        t += step
+    return codel.level
+
+
+def test_a_burst_shorter_than_the_interval_sheds_nothing() -> None:
+    codel = controller()
+    assert feed(codel, 0.5, 0.0, 0.9) == 0
+    codel.observe(0.01, 0.95)  # one job went straight through: not a standing queue
+    assert feed(codel, 0.5, 1.0, 1.9) == 0
+    assert not codel.shedding
+
+
+def test_latency_above_target_for_a_whole_interval_starts_shedding() -> None:
+    codel = controller()
+    codel.observe(0.5, 0.0)
+    assert codel.observe(0.5, 0.99) == 0
+    assert codel.observe(0.5, 1.0) == 1
+    assert codel.shedding and codel.count == 1
+
+
+def test_a_sample_at_exactly_the_target_counts_as_above() -> None:
+    codel = controller()
+    codel.observe(TARGET, 0.0)
+    assert codel.observe(TARGET, 1.0) == 1
+
+
+def test_escalation_follows_the_control_law() -> None:
+    codel = controller(max_level=10)
+    codel.observe(0.5, 0.0)
+    codel.observe(0.5, 1.0)  # level 1 at t=1; next step after interval / sqrt(1)
+    steps = [1.0]
+    t = 1.0
+    while codel.level < 4:
+        t = round(t + 0.001, 3)
+        before = codel.level
+        codel.observe(0.5, t)
+        if codel.level > before:
+            steps.append(t)
+    gaps = [b - a for a, b in itertools.pairwise(steps)]
+    expected = [INTERVAL / math.sqrt(n) for n in (1, 2, 3)]
+    assert gaps == pytest.approx(expected, abs=0.002)
+
+
+def test_the_level_stops_at_max_level() -> None:
+    codel = controller(max_level=2)
+    assert feed(codel, 0.5, 0.0, 20.0) == 2
+
+
+def test_nothing_to_shed_means_no_shedding() -> None:
+    codel = controller(max_level=0)
+    assert feed(codel, 0.5, 0.0, 5.0) == 0
+
+
+def test_recovery_steps_down_one_level_per_interval_below_target() -> None:
+    codel = controller(max_level=3)
+    feed(codel, 0.5, 0.0, 10.0)
+    assert codel.level == 3
+    codel.observe(0.01, 10.1)  # recovery starts
+    assert codel.observe(0.01, 11.0) == 3  # not yet a whole interval
+    assert codel.observe(0.01, 11.1) == 2
+    assert codel.observe(0.01, 12.0) == 2
+    assert codel.observe(0.01, 12.1) == 1
+    assert codel.observe(0.01, 13.1) == 0
+    assert not codel.shedding and codel.count == 0
+
+
+def test_a_spike_during_recovery_restarts_its_interval() -> None:
+    codel = controller(max_level=3)
+    feed(codel, 0.5, 0.0, 1.0)
+    assert codel.level == 1
+    codel.observe(0.01, 1.1)
+    codel.observe(0.5, 1.8)  # above target again: the below-target spell is broken
+    assert codel.observe(0.01, 2.2) == 1
+    assert codel.observe(0.01, 3.19) == 1
+    assert codel.observe(0.01, 3.2) == 0
+
+
+def test_the_shortest_sample_is_remembered_for_the_event() -> None:
+    codel = controller()
+    codel.observe(0.3, 0.0)
+    codel.observe(0.2, 0.5)
+    assert codel.recent_min == 0.2
+
+
+@pytest.mark.parametrize(
+    ("level", "priorities", "floor"),
+    [
+        (0, [0, 5, 10], None),
+        (1, [0, 5, 10], 5),
+        (2, [10, 0, 5, 5], 10),
+        (9, [0, 5, 10], 10),  # the top band is never shed
+        (3, [7], None),  # a single band: nothing to shed
+        (1, [], None),
+        (1, [-5, 0], 0),
+    ],
+)
+def test_level_floor_steps_over_the_priorities_present(
+    level: int, priorities: list[int], floor: int | None
+) -> None:
+    assert level_floor(level, priorities) == floor
+
+
+@pytest.mark.parametrize("bad", [0, -0.1, math.inf, math.nan, "1", True])
+def test_bad_settings_are_refused_with_their_name(bad: object) -> None:
+    with pytest.raises(ConfigurationError, match="shed_interval must be a positive number"):
+        check_setting("shed_interval", bad)
+    with pytest.raises(ConfigurationError, match="shed_target"):
+        CoDel(bad, INTERVAL)  # type: ignore[arg-type]

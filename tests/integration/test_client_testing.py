@@ -113,6 +113,22 @@ def test_assertions_read_the_database_when_no_mode_is_active(db_url: str) -> Non
     testing.assert_enqueued(cw.send_welcome, count=1)  # the completed one is no longer waiting
 
 
+def test_drain_with_scheduled_leaves_waiting_children_to_their_parents(
+    db_url: str, conn: psycopg.Connection
+) -> None:
+    """Making scheduled jobs due must not release a workflow child before its parent ran."""
+    parent = shigoto.enqueue(cw.send_welcome, {"user_id": 1}, schedule_in=600)
+    # Higher priority: if it were made due with its parent, it would be claimed first.
+    child = shigoto.enqueue(cw.send_welcome, {"user_id": 2}, depends_on=[parent.id], priority=5)
+    assert shigoto.drain_queue("emails", with_scheduled=True) == {"completed": 2}
+    rows = dict(conn.execute(
+        "SELECT id, attempted_at FROM shigoto_jobs WHERE id = ANY(%s)", ([parent.id, child.id],)
+    ).fetchall())  # fmt: skip
+    finished = conn.execute("SELECT finished_at FROM shigoto_jobs WHERE id = %s",
+                            (parent.id,)).fetchone()  # fmt: skip
+    assert finished is not None and rows[child.id] >= finished[0]
+
+
 @pytest.mark.slow
 def test_the_pytest_plugin_gives_a_shigoto_fixture(tmp_path: Path) -> None:
     (tmp_path / "test_app.py").write_text('''

@@ -300,11 +300,6 @@ async def test_the_workflow_builder_runs_in_inline_mode() -> None:
     assert jobs["d"].result == {str(jobs["b"].id): "B", str(jobs["c"].id): "C"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=shigoto.ConfigurationError,
-    reason="client/workflow.py resolves the database URL before it asks the interceptor",
-)
 def test_the_workflow_builder_needs_no_database_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SHIGOTO_DATABASE_URL")
     with testing.manual():

@@ -127,9 +127,9 @@ class Workflow:
         database_url: str | None,
         schema: str | None,
     ) -> dict[str, Job]:
-        name, url = enqueuing._target(schema, database_url, conn)
-        if enqueuing.interceptor is not None:
+        if enqueuing.interceptor is not None:  # a testing mode: no database to name
             return self._insert(levels, enqueuing.interceptor.record)
+        name, url = enqueuing._target(schema, database_url, conn)
         if conn is not None:
             if inserts._caller_commits(conn):
                 return self._insert(levels, self._writer(conn, name))
@@ -182,14 +182,14 @@ class Workflow:
         database_url: str | None,
         schema: str | None,
     ) -> dict[str, Job]:
-        name, url = enqueuing._target(schema, database_url, conn)
-        if enqueuing.interceptor is not None:
+        if enqueuing.interceptor is not None:  # a testing mode: no database to name
             jobs: dict[str, Job] = {}
             for level in levels:
                 specs = [self._spec(n, [jobs[p].id for p in self._after[n]]) for n in level]
                 recorded = await enqueuing.interceptor.arecord(specs)
                 jobs.update(zip(level, self._written(specs, recorded), strict=True))
             return jobs
+        name, url = enqueuing._target(schema, database_url, conn)
         if conn is not None:
             if inserts._caller_commits(conn):
                 return await self._ainsert(conn, name, levels)

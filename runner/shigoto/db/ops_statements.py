@@ -139,9 +139,12 @@ ORDER BY id
 """
 
 # drain_queue runs due scheduled and retryable jobs at once: a test does not wait for backoff.
+# A workflow child waiting for its parents (scheduled at 9999-12-31, migration 0009) is not
+# due: only its parents' final transitions may release it.
 MAKE_DUE = """
 UPDATE {jobs} SET state = 'available', scheduled_at = now()
 WHERE queue = %(queue)s AND state = ANY(%(states)s)
+  AND NOT (depends_on IS NOT NULL AND scheduled_at = '9999-12-31 00:00:00+00')
 """
 
 

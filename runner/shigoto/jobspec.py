@@ -27,11 +27,15 @@ MAX_ARGS_BYTES = 16 * 1024 * 1024
 #: could be inserted and then never decoded by any runner.
 MAX_DEPTH = 64
 INT32 = (-(2**31), 2**31 - 1)
+#: Longest partition key accepted (migration 0014 checks the same): a key is read on every
+#: fair claim and shows up in logs, telemetry and metric labels.
+MAX_PARTITION_KEY = 200
 
 #: Keys an enqueue_many entry (and enqueue's options) may carry.
 OPTION_NAMES = frozenset(
     {"worker", "args", "queue", "priority", "max_attempts", "timeout", "scheduled_at",
-     "schedule_in", "tags", "meta", "unique", "depends_on", "on_parent_failure", "batch"}
+     "schedule_in", "tags", "meta", "unique", "depends_on", "on_parent_failure", "batch",
+     "partition_key"}
 )  # fmt: skip
 #: The keyword options `build` takes (worker and args are positional).
 _OPTIONS = OPTION_NAMES - {"worker", "args"}
@@ -58,6 +62,8 @@ class JobSpec:
     depends_on: tuple[int, ...] = ()
     on_parent_failure: str | None = None
     batch_id: int | None = None
+    #: The job's partition (a tenant, an account) for fair queues and per-partition limits.
+    partition_key: str | None = None
 
     def as_params(self) -> dict[str, Any]:
         return {
@@ -67,6 +73,7 @@ class JobSpec:
             "tags": self.tags, "meta": self.meta_json,
             "depends_on": list(self.depends_on) or None,
             "on_parent_failure": self.on_parent_failure, "batch_id": self.batch_id,
+            "partition_key": self.partition_key,
         }  # fmt: skip
 
 
@@ -210,6 +217,24 @@ def _tags(value: Any) -> list[str]:
     return tags
 
 
+def _partition_key(value: Any) -> str | None:
+    """A key of 1 to `MAX_PARTITION_KEY` characters, or None (the one partition of every job
+    enqueued without a key)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_PARTITION_KEY:
+        shown = f"{len(value)} characters" if isinstance(value, str) else repr(value)
+        raise ValidationError(
+            "partition_key",
+            f"must be a string of 1 to {MAX_PARTITION_KEY} characters (a tenant or account "
+            f"id, e.g. partition_key=\"tenant-42\"), or left out; got {shown}",
+        )
+    if "\x00" in value:
+        raise ValidationError("partition_key", "contains a NUL character, which PostgreSQL "
+                                               "rejects; use a printable id")  # fmt: skip
+    return value
+
+
 def build(worker: Any, args: Any = None, /, **options: Any) -> JobSpec:
     """Validate one job. Options given explicitly win over the worker object's defaults."""
     unknown = options.keys() - _OPTIONS
@@ -244,6 +269,7 @@ def build(worker: Any, args: Any = None, /, **options: Any) -> JobSpec:
         delay=delay,
         tags=_tags(pick("tags")),
         meta_json=_json_object("meta", options.get("meta")),
+        partition_key=_partition_key(options.get("partition_key")),
     )
     return relations.apply(spec, options, defaults)
 

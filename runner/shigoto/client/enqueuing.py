@@ -82,6 +82,7 @@ def enqueue(
     depends_on: Iterable[int] | None = None,
     on_parent_failure: str | None = None,
     batch: Any = None,
+    partition_key: str | None = None,
     conn: psycopg.Connection[Any] | None = None,
     database_url: str | None = None,
     schema: str | None = None,
@@ -91,7 +92,8 @@ def enqueue(
     spec = _spec(worker, args, dict(
         queue=queue, priority=priority, max_attempts=max_attempts, timeout=timeout,
         scheduled_at=scheduled_at, schedule_in=schedule_in, tags=tags, meta=meta, unique=unique,
-        depends_on=depends_on, on_parent_failure=on_parent_failure, batch=batch, **unknown,
+        depends_on=depends_on, on_parent_failure=on_parent_failure, batch=batch,
+        partition_key=partition_key, **unknown,
     ))  # fmt: skip
     if interceptor is not None:
         return interceptor.record([spec])[0]
@@ -151,6 +153,7 @@ async def aenqueue(
     depends_on: Iterable[int] | None = None,
     on_parent_failure: str | None = None,
     batch: Any = None,
+    partition_key: str | None = None,
     conn: psycopg.AsyncConnection[Any] | None = None,
     database_url: str | None = None,
     schema: str | None = None,
@@ -160,7 +163,8 @@ async def aenqueue(
     spec = _spec(worker, args, dict(
         queue=queue, priority=priority, max_attempts=max_attempts, timeout=timeout,
         scheduled_at=scheduled_at, schedule_in=schedule_in, tags=tags, meta=meta, unique=unique,
-        depends_on=depends_on, on_parent_failure=on_parent_failure, batch=batch, **unknown,
+        depends_on=depends_on, on_parent_failure=on_parent_failure, batch=batch,
+        partition_key=partition_key, **unknown,
     ))  # fmt: skip
     if interceptor is not None:
         return (await interceptor.arecord([spec]))[0]

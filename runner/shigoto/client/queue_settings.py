@@ -1,5 +1,6 @@
 """Per-queue settings every runner must agree on (global limit, paused, dead-letter forwarding,
-fan-out), kept in the database.
+fan-out, and flow control's fair, weight, partition_concurrency, rate_limit), kept in the
+database.
 
 A runner's own `global_concurrency` option is written here at start; afterwards each runner
 re-reads the table every few seconds, so a change made anywhere (another runner, the operator,
@@ -9,6 +10,7 @@ trigger that forwards a job reads it in the transaction that finishes the job.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,10 +22,13 @@ from psycopg_pool import AsyncConnectionPool
 
 from shigoto import config, telemetry
 from shigoto._service import Service
-from shigoto.db import database, ops_statements, steps
+from shigoto.db import database, fair_statements, ops_statements, steps
 from shigoto.db.steps import Steps
 from shigoto.errors import ValidationError
+from shigoto.flow.rate_limit import RateLimit
 from shigoto.relations import forwarding
+
+log = logging.getLogger("shigoto.queue_settings")
 
 
 def _stmt(template: str, schema: str) -> sql.Composed:
@@ -43,6 +48,14 @@ class QueueSetting:
     paused: bool = False
     #: Every runner serving the queue runs each job once (see shigoto.runtime.fanout).
     fanout: bool = False
+    #: Claims go round-robin across partition keys (see shigoto.runtime.claimer).
+    fair: bool = False
+    #: The queue's share of a runner's capacity next to its other queues.
+    weight: int = 1
+    #: At most this many jobs of one partition execute at once, across all runners.
+    partition_concurrency: int | None = None
+    #: How many jobs of the queue may start per period, across all runners.
+    rate_limit: RateLimit | None = None
 
 
 #: What `forward` is given as: a mapping of state to target queue (None: not forwarded).
@@ -69,6 +82,65 @@ def _checked(
     return forwarding.normalise(name, forward)
 
 
+#: The flow settings as given to `set_queue`: absent (UNSET, or None where None is no value)
+#: leaves the stored one as it is.
+_INT_MAX = 2**31 - 1
+
+
+def _whole(field: str, value: Any, fix: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _INT_MAX:
+        raise ValidationError(field, f"must be a whole number from 1 to {_INT_MAX}, got "
+                                     f"{value!r}; {fix}")  # fmt: skip
+    return value
+
+
+def flow_values(
+    fair: Any = None,
+    weight: Any = None,
+    partition_concurrency: Any = UNSET,
+    rate_limit: Any = UNSET,
+) -> dict[str, Any]:
+    """Check the flow settings given, before anything is written; returns each one given as it
+    will be stored, by column. Pure. `fair` and `weight` None, the others UNSET: left out;
+    `partition_concurrency=None` removes the cap and `rate_limit=None` the limit."""
+    values: dict[str, Any] = {}
+    if fair is not None:
+        if not isinstance(fair, bool):
+            raise ValidationError("fair", f"must be True or False, got {fair!r}")
+        values["fair"] = fair
+    if weight is not None:
+        values["weight"] = _whole("weight", weight, "a queue of weight 2 gets twice the share "
+                                                    "of one of weight 1")  # fmt: skip
+    if not isinstance(partition_concurrency, _Unset):
+        values["partition_concurrency"] = None if partition_concurrency is None else _whole(
+            "partition_concurrency", partition_concurrency,
+            "or None for no cap per partition")  # fmt: skip
+    if not isinstance(rate_limit, _Unset):
+        values["rate_limit"] = None if rate_limit is None else _rate_limit_json(rate_limit)
+    return values
+
+
+def _rate_limit_json(value: Any) -> dict[str, Any]:
+    if not isinstance(value, RateLimit | Mapping):
+        raise ValidationError("rate_limit", f"must be a shigoto.RateLimit, a dict of its fields "
+                                            f"or None, got {value!r}")  # fmt: skip
+    data = value if isinstance(value, RateLimit) else dict(value)
+    return RateLimit.from_json(data).to_json()
+
+
+def _flow_steps(name: str, schema: str, values: Mapping[str, Any]) -> Steps[frozenset[str]]:
+    """Write each given flow setting where it differs; returns the ones that changed."""
+    changed: set[str] = set()
+    for column, value in values.items():
+        default = value == fair_statements.FLOW_DEFAULTS[column]
+        stored = Jsonb(value) if column == "rate_limit" and value is not None else value
+        done = yield fair_statements.write_setting(schema, column, default=default), {
+            "name": name, "value": stored}  # fmt: skip
+        if done.rows:
+            changed.add(column)
+    return frozenset(changed)
+
+
 def _write_steps(
     name: str,
     schema: str,
@@ -76,11 +148,13 @@ def _write_steps(
     paused: bool | None,
     forward: dict[str, str] | _Unset | None = UNSET,
     fanout: bool | None = None,
+    flow: Mapping[str, Any] | None = None,
 ) -> Steps[frozenset[str]]:
     """Store the given settings of `name`; UNSET / None leave a setting as it is (for
-    `forward`, None turns forwarding off). `forward` and `fanout` are written only where they
-    differ from what is stored; returns which of the two changed."""
-    changed: set[str] = set()
+    `forward`, None turns forwarding off). `forward`, `fanout` and the `flow` settings (checked
+    by `flow_values`) are written only where they differ from what is stored; returns which of
+    them changed."""
+    changed: set[str] = set((yield from _flow_steps(name, schema, flow or {})))
     if not isinstance(global_concurrency, _Unset):
         yield _stmt(ops_statements.SET_LIMIT, schema), {"name": name, "limit": global_concurrency}
     if paused is not None:
@@ -118,16 +192,21 @@ async def write_settings(
     global_concurrency: int | _Unset | None = UNSET,
     forward: Forward | _Unset | None = UNSET,
     fanout: bool | None = None,
+    fair: bool | None = None,
+    weight: int | None = None,
+    partition_concurrency: int | _Unset | None = UNSET,
+    rate_limit: RateLimit | Mapping[str, Any] | _Unset | None = UNSET,
 ) -> frozenset[str]:
     """Store the shared settings of `name` on the caller's connection (the operator's
     per-database pool), as `set_queue` does through the client's pool; a setting left out
-    stays as it is. `forward` and `fanout` are written only where they differ from what is
-    stored, so the operator can write them on every pass and drift in the database closes;
-    returns which of the two did differ ("forward", "fanout")."""
+    stays as it is. `forward`, `fanout` and the flow settings are written only where they
+    differ from what is stored, so the operator can write them on every pass and drift in the
+    database closes; returns which of them did differ ("forward", "fanout", "fair", ...)."""
     stored = _checked(name, global_concurrency, forward)
     _check_fanout(fanout)
+    flow = flow_values(fair, weight, partition_concurrency, rate_limit)
     return await steps.arun(
-        conn, _write_steps(name, schema, global_concurrency, paused, stored, fanout)
+        conn, _write_steps(name, schema, global_concurrency, paused, stored, fanout, flow)
     )
 
 
@@ -146,6 +225,10 @@ def set_queue(
     paused: bool | None = None,
     forward: Forward | _Unset | None = UNSET,
     fanout: bool | None = None,
+    fair: bool | None = None,
+    weight: int | None = None,
+    partition_concurrency: int | _Unset | None = UNSET,
+    rate_limit: RateLimit | Mapping[str, Any] | _Unset | None = UNSET,
     database_url: str | None = None,
     schema: str | None = None,
 ) -> None:
@@ -160,10 +243,20 @@ def set_queue(
 
     `fanout=True` makes it a fan-out queue: every runner serving it runs each of its jobs
     once (see shigoto.runtime.fanout); runners pick the change up within seconds.
+
+    Flow control (docs/flow-control.md), each left as it is when left out:
+    `fair=True` claims round-robin across the jobs' partition keys, so one tenant's backlog
+    does not delay the others; `partition_concurrency=N` lets at most N jobs of one partition
+    execute at once across all runners (None: no cap); `weight=N` (>= 1) is the queue's share
+    of a runner's capacity next to its other queues; `rate_limit=shigoto.RateLimit(...)` (or
+    its dict) limits how many jobs of the queue start per period, across all runners (None:
+    no limit).
     """
     stored = _checked(name, global_concurrency, forward)
     _check_fanout(fanout)
-    work = _write_steps(name, config.schema(schema), global_concurrency, paused, stored, fanout)
+    flow = flow_values(fair, weight, partition_concurrency, rate_limit)
+    work = _write_steps(name, config.schema(schema), global_concurrency, paused, stored, fanout,
+                        flow)  # fmt: skip
     pool = database.sync_pool(config.database_url(database_url))
     with pool.connection() as conn, conn.transaction():
         changed = steps.run(conn, work)
@@ -178,13 +271,19 @@ async def aset_queue(
     paused: bool | None = None,
     forward: Forward | _Unset | None = UNSET,
     fanout: bool | None = None,
+    fair: bool | None = None,
+    weight: int | None = None,
+    partition_concurrency: int | _Unset | None = UNSET,
+    rate_limit: RateLimit | Mapping[str, Any] | _Unset | None = UNSET,
     database_url: str | None = None,
     schema: str | None = None,
 ) -> None:
     """`set_queue` for asyncio: the same statements on an async connection."""
     stored = _checked(name, global_concurrency, forward)
     _check_fanout(fanout)
-    work = _write_steps(name, config.schema(schema), global_concurrency, paused, stored, fanout)
+    flow = flow_values(fair, weight, partition_concurrency, rate_limit)
+    work = _write_steps(name, config.schema(schema), global_concurrency, paused, stored, fanout,
+                        flow)  # fmt: skip
     pool = await database.async_pool(config.database_url(database_url))
     async with pool.connection() as conn, conn.transaction():
         changed = await steps.arun(conn, work)
@@ -240,6 +339,26 @@ async def aresume_queue(
     _paused_event(name, False, schema)
 
 
+def setting_of(row: tuple[Any, ...]) -> QueueSetting:
+    """A `QueueSetting` from a row of `fair_statements.READ_SETTINGS`. A rate limit no runner
+    can use (the table's check forbids it; a newer client might write fields this one does not
+    know) is logged and left out rather than stopping every queue's settings."""
+    _, limit, paused, fanout, fair, weight, cap, rate_limit = row
+    return QueueSetting(limit, bool(paused), bool(fanout), bool(fair), int(weight or 1), cap,
+                        _read_rate_limit(row[0], rate_limit))  # fmt: skip
+
+
+def _read_rate_limit(queue: str, data: Any) -> RateLimit | None:
+    if data is None:
+        return None
+    try:
+        return RateLimit.from_json(data)
+    except (ValidationError, TypeError) as exc:
+        log.warning("queue %s: stored rate_limit ignored: %s", queue, exc,
+                    extra={"queue": queue})  # fmt: skip
+        return None
+
+
 class QueueSettingsWatcher(Service):
     """Reads the settings of this runner's queues and hands them to `apply`."""
 
@@ -262,10 +381,10 @@ class QueueSettingsWatcher(Service):
     async def run_once(self) -> dict[str, QueueSetting]:
         names = self.queues()
         async with self.pool.connection() as conn:
-            cur = await conn.execute(_stmt(ops_statements.READ_SETTINGS, self.schema),
+            cur = await conn.execute(fair_statements.read_settings(self.schema),
                                      {"names": names})  # fmt: skip
             rows = await cur.fetchall()
-        found = {r[0]: QueueSetting(r[1], bool(r[2]), bool(r[3])) for r in rows}
+        found = {r[0]: setting_of(r) for r in rows}
         settings = {name: found.get(name, QueueSetting()) for name in names}
         self.apply(settings)
         return settings

@@ -83,6 +83,8 @@ class InsertSpec(Protocol):
     def on_parent_failure(self) -> str | None: ...
     @property
     def batch_id(self) -> int | None: ...
+    @property
+    def partition_key(self) -> str | None: ...
     def as_params(self) -> dict[str, Any]: ...
 
 
@@ -209,22 +211,22 @@ _INSERT_UNIQUE = """
 WITH ins AS (
     INSERT INTO {jobs} (id, queue, worker, args, state, priority, max_attempts, timeout,
                         scheduled_at, inserted_at, tags, meta, unique_key, depends_on,
-                        on_parent_failure, batch_id)
+                        on_parent_failure, batch_id, partition_key)
     SELECT r.id, r.queue, r.worker, r.args, r.state, r.priority, r.max_attempts, r.timeout,
            r.scheduled_at, r.inserted_at, ARRAY(SELECT jsonb_array_elements_text(r.tags)),
            r.meta, r.unique_key,
            CASE WHEN r.depends_on IS NOT NULL
                 THEN ARRAY(SELECT jsonb_array_elements_text(r.depends_on))::bigint[] END,
-           r.on_parent_failure, r.batch_id
+           r.on_parent_failure, r.batch_id, r.partition_key
     FROM unnest(%(id)s::int8[], %(queue)s::text[], %(worker)s::text[], %(args)s::jsonb[],
                 %(state)s::text[], %(priority)s::int4[], %(max_attempts)s::int4[],
                 %(timeout)s::float8[], %(scheduled_at)s::timestamptz[],
                 %(inserted_at)s::timestamptz[], %(tags)s::jsonb[], %(meta)s::jsonb[],
                 %(unique_key)s::text[], %(depends_on)s::jsonb[], %(on_parent_failure)s::text[],
-                %(batch_id)s::int8[]) WITH ORDINALITY
+                %(batch_id)s::int8[], %(partition_key)s::text[]) WITH ORDINALITY
          AS r(id, queue, worker, args, state, priority, max_attempts, timeout, scheduled_at,
               inserted_at, tags, meta, unique_key, depends_on, on_parent_failure, batch_id,
-              ord)
+              partition_key, ord)
     ORDER BY r.ord
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
     RETURNING id
@@ -241,11 +243,12 @@ WITH input AS (
 ), ins AS (
     INSERT INTO {jobs} (queue, worker, args, state, priority, max_attempts, timeout,
                         scheduled_at, tags, meta, unique_key, depends_on, on_parent_failure,
-                        batch_id)
+                        batch_id, partition_key)
     SELECT %(queue)s, %(worker)s, %(args)s,
            CASE WHEN input.at <= now() THEN {available} ELSE {scheduled} END,
            %(priority)s, %(max_attempts)s, %(timeout)s, input.at, %(tags)s, %(meta)s,
-           %(unique_key)s, %(depends_on)s::bigint[], %(on_parent_failure)s, %(batch_id)s
+           %(unique_key)s, %(depends_on)s::bigint[], %(on_parent_failure)s, %(batch_id)s,
+           %(partition_key)s
     FROM input
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
     RETURNING id, queue, state, scheduled_at, inserted_at
@@ -283,7 +286,7 @@ def _own(schema: str) -> _Statements:
 #: per-value dumper lookup and text escaping, and is cheaper for the server to parse.
 _COPY_TYPES = (
     "int8", "text", "text", "jsonb", "text", "int4", "int4", "float8", "timestamptz",
-    "timestamptz", "text[]", "jsonb", "int8[]", "text", "int8",
+    "timestamptz", "text[]", "jsonb", "int8[]", "text", "int8", "text",
 )  # fmt: skip
 
 Plan = Literal["one", "one_unique", "copy", "unique"]
@@ -327,6 +330,7 @@ def _rows(specs: Sequence[InsertSpec], ids: Sequence[int], now: datetime) -> lis
             job_id, spec.queue, spec.worker, spec.args_json, state, spec.priority,
             spec.max_attempts, spec.timeout, at, now, spec.tags, spec.meta_json,
             list(spec.depends_on) or None, spec.on_parent_failure, spec.batch_id,
+            spec.partition_key,
         ))  # fmt: skip
     return rows
 
@@ -334,7 +338,7 @@ def _rows(specs: Sequence[InsertSpec], ids: Sequence[int], now: datetime) -> lis
 def _unique_params(specs: Sequence[InsertSpec], rows: list[tuple[Any, ...]]) -> dict[str, Any]:
     names = ("id", "queue", "worker", "args", "state", "priority", "max_attempts", "timeout",
              "scheduled_at", "inserted_at", "tags", "meta", "depends_on", "on_parent_failure",
-             "batch_id")  # fmt: skip
+             "batch_id", "partition_key")  # fmt: skip
     params: dict[str, Any] = {name: [row[i] for row in rows] for i, name in enumerate(names)}
     # An array of arrays must be rectangular: the parents travel as JSON, like the tags.
     params["depends_on"] = [json.dumps(d) if d else None for d in params["depends_on"]]
@@ -357,7 +361,7 @@ def _job(spec: InsertSpec, row: tuple[Any, ...]) -> Job:
         timeout=spec.timeout, scheduled_at=scheduled_at, inserted_at=inserted_at,
         tags=spec.tags, meta=_parse(spec.meta_json), unique_key=spec.unique_key,
         depends_on=list(spec.depends_on) or None, on_parent_failure=spec.on_parent_failure,
-        batch_id=spec.batch_id,
+        batch_id=spec.batch_id, partition_key=spec.partition_key,
     )  # fmt: skip
 
 
@@ -372,6 +376,7 @@ def _one_row(spec: InsertSpec, returned: tuple[Any, ...]) -> tuple[Any, ...]:
         job_id, spec.queue, spec.worker, spec.args_json, state, spec.priority,
         spec.max_attempts, spec.timeout, at, inserted_at, spec.tags, spec.meta_json,
         list(spec.depends_on) or None, spec.on_parent_failure, spec.batch_id,
+        spec.partition_key,
     )  # fmt: skip
 
 

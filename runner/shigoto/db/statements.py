@@ -32,11 +32,12 @@ WITH input AS (
                     now() + make_interval(secs => %(delay)s::float8)) AS at
 ), ins AS (
     INSERT INTO {jobs} (queue, worker, args, state, priority, max_attempts, timeout,
-                        scheduled_at, tags, meta, depends_on, on_parent_failure, batch_id)
+                        scheduled_at, tags, meta, depends_on, on_parent_failure, batch_id,
+                        partition_key)
     SELECT %(queue)s, %(worker)s, %(args)s,
            CASE WHEN input.at <= now() THEN {available} ELSE {scheduled} END,
            %(priority)s, %(max_attempts)s, %(timeout)s, input.at, %(tags)s, %(meta)s,
-           %(depends_on)s::bigint[], %(on_parent_failure)s, %(batch_id)s
+           %(depends_on)s::bigint[], %(on_parent_failure)s, %(batch_id)s, %(partition_key)s
     FROM input
     RETURNING id, queue, state, scheduled_at, inserted_at
 )
@@ -59,7 +60,8 @@ SELECT now() AS now,
 # Binary: the client sends typed values (see client._COPY_TYPES), nothing to escape or parse.
 _COPY_JOBS = """
 COPY {jobs} (id, queue, worker, args, state, priority, max_attempts, timeout,
-             scheduled_at, inserted_at, tags, meta, depends_on, on_parent_failure, batch_id)
+             scheduled_at, inserted_at, tags, meta, depends_on, on_parent_failure, batch_id,
+             partition_key)
 FROM STDIN (FORMAT BINARY)
 """
 
@@ -71,10 +73,12 @@ SELECT pg_notify({channel}, {schema_name} || '.' || q) FROM unnest(%(queues)s::t
 # Two optional parts make its four variants (see `_claim_parts`): `{exclude}` leaves out the
 # jobs of workers at their global limit, so other jobs of the queue run instead of being claimed
 # and handed straight back; `{limit}` caps the claim at the room a queue's global limit has left.
+# `{min_priority}` is load shedding's floor (NULL: every priority), a range on the claim index.
 _CLAIM = f"""
 WITH picked AS (
     SELECT id FROM {{jobs}}
     WHERE state = {{available}} AND queue = %(queue)s{{exclude}}
+      AND priority >= {{min_priority}}
     ORDER BY priority DESC, scheduled_at, id
     LIMIT {{limit}}
     FOR UPDATE SKIP LOCKED
@@ -293,6 +297,16 @@ SELECT pg_try_advisory_lock(hashtextextended({schema_name} || ':' || %(node)s, 0
 # Proves the node alive between heartbeats; same clock as the heartbeat.
 _PROVE = "UPDATE {nodes} SET last_seen_at = {now} WHERE id = %(node)s"
 
+# Whether the runner of executing row `j` (joined to its node `n`, with `locked` the granted
+# advisory locks) may still be running it; see shigoto.runtime.limiter.
+_RUNNER_MAY_LIVE = """(
+    n.last_seen_at > now() - make_interval(secs => %(grace)s)
+    OR pg_postmaster_start_time() > now() - make_interval(secs => %(restart_grace)s)
+    OR (((hashtextextended({schema_name} || ':' || j.attempted_by, 0) >> 32)
+          & 4294967295)::oid,
+        (hashtextextended({schema_name} || ':' || j.attempted_by, 0) & 4294967295)::oid)
+       IN (SELECT classid, objid FROM locked))"""
+
 # Executing rows of the scope (`{column}`: queue or worker) whose runner may still be running
 # them: its liveness lock is held, or it proved itself within `grace`, or the server restarted
 # so recently that nobody had the time to take their lock again. Measured on the database's
@@ -306,14 +320,83 @@ WITH locked AS MATERIALIZED (
 SELECT {column}, count(*) AS busy
 FROM {jobs} AS j LEFT JOIN {nodes} AS n ON n.id = j.attempted_by
 WHERE j.state = {executing} AND {column} = ANY(%(names)s::text[])
-  AND (n.last_seen_at > now() - make_interval(secs => %(grace)s)
-       OR pg_postmaster_start_time() > now() - make_interval(secs => %(restart_grace)s)
-       OR (((hashtextextended({schema_name} || ':' || j.attempted_by, 0) >> 32)
-             & 4294967295)::oid,
-           (hashtextextended({schema_name} || ':' || j.attempted_by, 0) & 4294967295)::oid)
-          IN (SELECT classid, objid FROM locked))
+  AND """ + _RUNNER_MAY_LIVE + """
 GROUP BY {column}
 """
+
+# The fair claim (a queue with `fair`): round-robin across partition keys. A partition's
+# `turn` for its n-th job offered is n plus its jobs executing now, so the first job of every
+# partition is claimed before the second of any, and a partition whose jobs already fill the
+# runners waits behind one with none (claims of one slot stay fair); within a turn, claim
+# order.
+# - `keys` walks the distinct keys of the queue's available jobs, one index probe per key (a
+#   skip scan on shigoto_jobs_fair_claim_idx), never reading a partition's backlog; a job
+#   without a key is in partition ''.
+# - Each partition offers its first `share` jobs in claim order (LIMIT, SKIP LOCKED: rows other
+#   claims hold are passed over, never waited for), so the rows read and locked stay near
+#   `limit` plus one per partition. Each row also returns `share`: the claimer asks again
+#   when a partition gave its whole share and the claim is still short.
+# - `busy` counts the queue's executing jobs per partition (a scan of the executing rows only).
+#   `cap` (partition_concurrency, NULL: none) lowers each partition's share to the room its
+#   executing jobs leave, those counted like a global limit's (their runner may live); the
+#   claimer takes the queue's transaction lock first, so the count and the claim are one
+#   decision.
+_CLAIM_FAIR = (
+    """
+WITH RECURSIVE keys(k) AS (
+    (SELECT coalesce(partition_key, '') FROM {jobs}
+     WHERE state = {available} AND queue = %(queue)s
+     ORDER BY coalesce(partition_key, '') LIMIT 1)
+    UNION ALL
+    SELECT (SELECT coalesce(j.partition_key, '') FROM {jobs} AS j
+            WHERE j.state = {available} AND j.queue = %(queue)s
+              AND coalesce(j.partition_key, '') > keys.k
+            ORDER BY coalesce(j.partition_key, '') LIMIT 1)
+    FROM keys WHERE keys.k IS NOT NULL
+), parts AS MATERIALIZED (
+    SELECT k FROM keys WHERE k IS NOT NULL
+), share AS (
+    SELECT greatest(1, ceil(%(limit)s::numeric / greatest(count(*), 1)))::int AS n FROM parts
+), locked AS MATERIALIZED (
+    SELECT classid, objid FROM pg_locks
+    WHERE %(cap)s::int IS NOT NULL AND locktype = 'advisory' AND granted AND objsubid = 1
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+), busy AS (
+    SELECT coalesce(j.partition_key, '') AS k, count(*) AS running,
+           count(*) FILTER (WHERE %(cap)s::int IS NOT NULL AND """
+    + _RUNNER_MAY_LIVE
+    + f""") AS n
+    FROM {{jobs}} AS j LEFT JOIN {{nodes}} AS n ON n.id = j.attempted_by
+    WHERE j.state = {{executing}} AND j.queue = %(queue)s
+    GROUP BY 1
+), offered AS (
+    SELECT c.id, c.priority, c.scheduled_at,
+           coalesce(b.running, 0)
+           + row_number() OVER (PARTITION BY p.k
+                                ORDER BY c.priority DESC, c.scheduled_at, c.id) AS turn
+    FROM parts AS p
+    CROSS JOIN share AS s
+    LEFT JOIN busy AS b ON b.k = p.k
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.scheduled_at FROM {{jobs}} AS j
+        WHERE j.state = {{available}} AND j.queue = %(queue)s
+          AND coalesce(j.partition_key, '') = p.k
+          AND j.priority >= {{min_priority}}{{exclude}}
+        ORDER BY j.priority DESC, j.scheduled_at, j.id
+        LIMIT greatest(0, least(s.n, coalesce(%(cap)s::int - b.n, %(cap)s::int, s.n)))
+        FOR UPDATE OF j SKIP LOCKED
+    ) AS c
+), picked AS (
+    SELECT id FROM offered ORDER BY turn, priority DESC, scheduled_at, id LIMIT %(limit)s
+)
+UPDATE {{jobs}} AS j
+SET state = {{executing}}, attempt = j.attempt + 1, attempted_at = now(),
+    attempted_by = %(node)s, progress = NULL
+FROM picked
+WHERE j.id = picked.id
+RETURNING {", ".join(f"j.{c}" for c in JOB_COLUMNS)}, (SELECT n FROM share) AS share
+"""
+)
 
 # Serialises the admissions of one limit until the end of the transaction (objsubid 2: the
 # two-int form, apart from the liveness locks).
@@ -357,6 +440,8 @@ class Statements:
     claim_excluding: str
     claim_limited: str
     claim_excluding_limited: str
+    claim_fair: str
+    claim_fair_excluding: str
     slots_held: str
     complete: str
     put_back: str
@@ -407,6 +492,7 @@ _FIXED_PARTS: dict[str, sql.Composable] = {
     "now": sql.SQL("coalesce(%(now)s::timestamptz, now())"),
     "exclude": sql.SQL(""),
     "limit": sql.SQL("%(limit)s"),
+    "min_priority": sql.SQL("coalesce(%(min_priority)s::int, -2147483648)"),
     "pending": sql.Literal(ON_DISCARD_PENDING),
     "discard_channel": sql.Literal(DISCARD_CHANNEL),
 }
@@ -452,6 +538,7 @@ def statements(schema: str) -> Statements:
         "copy_jobs": _COPY_JOBS,
         "notify_queues": _NOTIFY_QUEUES,
         "claim": _CLAIM,
+        "claim_fair": _CLAIM_FAIR,
         "slots_held": _SLOTS_HELD,
         "complete": _COMPLETE,
         "put_back": _PUT_BACK,
@@ -482,6 +569,7 @@ def statements(schema: str) -> Statements:
         "claim_excluding": _compose(_CLAIM, schema, exclude=_EXCLUDE),
         "claim_limited": _compose(_CLAIM, schema, limit=_LIMITED),
         "claim_excluding_limited": _compose(_CLAIM, schema, exclude=_EXCLUDE, limit=_LIMITED),
+        "claim_fair_excluding": _compose(_CLAIM_FAIR, schema, exclude=_EXCLUDE),
         "archive": _compose(_ARCHIVE, schema, now=_DB_NOW),
         "delete_archived": _compose(_DELETE_ARCHIVED, schema, now=_DB_NOW),
         "busy_by_queue": _compose(_BUSY, schema, column=sql.Identifier("j", "queue")),

@@ -8,7 +8,11 @@ other's rows), shaped by what the runner knows at the moment of the claim:
   being claimed and handed straight back;
 - a queue's global limit: counted and claimed under the queue's transaction lock
   (`shigoto.runtime.limiter`), never more than the room left;
-- a fan-out queue: this runner's own delivery of each job (`shigoto.runtime.fanout`).
+- a fan-out queue: this runner's own delivery of each job (`shigoto.runtime.fanout`);
+- a fair queue (`Producer.fair`): round-robin across partition keys, optionally at most
+  `Producer.partition_concurrency` jobs of one partition executing across all runners, counted
+  and claimed under the queue's transaction lock like a global limit;
+- load shedding's floor (`Producer.min_priority`), in every variant but fan-out.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from shigoto.db import statements
 from shigoto.job import Job
 from shigoto.runtime import fanout
 from shigoto.runtime.flow_control import FlowControl
-from shigoto.runtime.limiter import count_busy, lock_scope, scope_key
+from shigoto.runtime.limiter import GRACE, RESTART_GRACE, count_busy, lock_scope, scope_key
 from shigoto.runtime.middleware import GlobalLimits
 from shigoto.runtime.producer import Producer
 
@@ -32,8 +36,30 @@ def job_rows(_cursor: Any) -> RowMaker[Job]:
     return Job.from_values  # the claim returns JOB_COLUMNS in order
 
 
+def _fair_rows(_cursor: Any) -> RowMaker[tuple[Job, int]]:
+    """The fair claim's rows: the job, and the share each partition was offered."""
+    return lambda values: (Job.from_values(values[:-1]), values[-1])
+
+
 def _claim_order(job: Job) -> tuple[Any, ...]:
     return (-job.priority, job.scheduled_at, job.id)
+
+
+#: Most fair claim statements one claim runs: a round asks again only when a partition gave
+#: its whole share and the claim is still short (see `more_to_offer`).
+FAIR_ROUNDS = 3
+
+
+def more_to_offer(rows: list[tuple[Job, int]], wanted: int) -> bool:
+    """Whether another fair round may claim more: short of `wanted`, and some partition gave
+    all it was offered (others had fewer jobs than their share, so the share may grow)."""
+    if not rows or len(rows) >= wanted:
+        return False
+    share = rows[0][1]
+    given: dict[str | None, int] = {}
+    for job, _ in rows:
+        given[job.partition_key] = given.get(job.partition_key, 0) + 1
+    return max(given.values()) >= share
 
 
 class Claimer:
@@ -71,7 +97,10 @@ class Claimer:
         """Up to `limit` jobs of `queue`, in the order they should start."""
         if producer is not None and producer.fanout:
             return await self._claim_deliveries(queue, limit)
-        params: dict[str, Any] = {"queue": queue, "limit": limit, "node": self.node}
+        min_priority = producer.min_priority if producer is not None else None
+        params: dict[str, Any] = {
+            "queue": queue, "limit": limit, "node": self.node, "min_priority": min_priority
+        }  # fmt: skip
         global_limit = producer.global_limit if producer is not None else None
         statement = self.stmts.claim
         async with self.pool.connection() as conn:
@@ -81,7 +110,10 @@ class Claimer:
             if excluded:
                 statement = self.stmts.claim_excluding
                 params["exclude"] = excluded
-            if global_limit is None:
+            if producer is not None and producer.fair:
+                jobs = await self._claim_fair(conn, params, global_limit,
+                                              producer.partition_concurrency)  # fmt: skip
+            elif global_limit is None:
                 jobs = await self._claim_rows(conn, statement, params)
             else:
                 limited = (self.stmts.claim_excluding_limited if excluded
@@ -97,6 +129,41 @@ class Claimer:
             jobs = await fanout.claim(cur, self.schema, queue, self.node, limit)
         self.fanout_ids.update(j.id for j in jobs)
         jobs.sort(key=_claim_order)
+        return jobs
+
+    async def _claim_fair(
+        self, conn: Any, params: dict[str, Any], global_limit: int | None, cap: int | None
+    ) -> list[Job]:
+        """A fair queue's claim. With a global limit or a partition cap, the counts and the
+        claim happen under the queue's transaction lock, as in `_claim_limited`."""
+        excluded = params.get("exclude")
+        statement = self.stmts.claim_fair_excluding if excluded else self.stmts.claim_fair
+        params = {**params, "cap": cap, "grace": GRACE, "restart_grace": RESTART_GRACE}
+        if global_limit is None and cap is None:
+            return await self._fair_rounds(conn, statement, params)
+        queue = params["queue"]
+        async with conn.transaction():
+            await lock_scope(conn, self.schema, scope_key(self.schema, "queue", queue))
+            if global_limit is not None:
+                busy = (await count_busy(conn, self.schema, "queue", [queue])).get(queue, 0)
+                params["limit"] = min(params["limit"], global_limit - busy)
+                if params["limit"] <= 0:
+                    return []
+            return await self._fair_rounds(conn, statement, params)
+
+    @staticmethod
+    async def _fair_rounds(conn: Any, statement: str, params: dict[str, Any]) -> list[Job]:
+        """Claim in rounds until the claim is full, nothing more is offered, or `FAIR_ROUNDS`:
+        each round ranks what is left, so the second round is as fair as the first."""
+        cur = conn.cursor(row_factory=_fair_rows)
+        wanted = params["limit"]
+        jobs: list[Job] = []
+        for _ in range(FAIR_ROUNDS):
+            await cur.execute(statement, {**params, "limit": wanted - len(jobs)})
+            rows = await cur.fetchall()
+            jobs += [job for job, _ in rows]
+            if not more_to_offer(rows, wanted - len(jobs) + len(rows)):
+                break
         return jobs
 
     @staticmethod

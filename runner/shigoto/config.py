@@ -17,6 +17,10 @@ ENV_SCHEMA = "SHIGOTO_SCHEMA"
 ENV_QUEUES = "SHIGOTO_QUEUES"
 ENV_IMPORT = "SHIGOTO_IMPORT"
 ENV_WORKER_PREFIXES = "SHIGOTO_WORKER_PREFIXES"
+#: Flow control of one runner (`shigoto run --capacity / --shed-target / --shed-interval`).
+ENV_CAPACITY = "SHIGOTO_CAPACITY"
+ENV_SHED_TARGET = "SHIGOTO_SHED_TARGET"
+ENV_SHED_INTERVAL = "SHIGOTO_SHED_INTERVAL"
 
 DEFAULT_SCHEMA = "public"
 #: The queue of a job enqueued without one.

@@ -26,6 +26,7 @@ import psycopg
 from shigoto import config, logs
 from shigoto.db import embedded
 from shigoto.errors import ConfigurationError, Error, ValidationError
+from shigoto.flow.codel import DEFAULT_INTERVAL as SHED_INTERVAL
 from shigoto.runtime.executor import CALLBACK_TIMEOUT
 from shigoto.runtime.rescuer import STUCK_AFTER
 
@@ -71,6 +72,13 @@ def _count(text: str) -> int:
     return int(value)
 
 
+def _slots(text: str) -> int:
+    value = _number(text, int, "a whole number")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return int(value)
+
+
 def _log_level(text: str) -> str:
     if text.lower() not in LOG_LEVELS:
         raise argparse.ArgumentTypeError(
@@ -105,6 +113,9 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     "max_stuck_threads": ("SHIGOTO_MAX_STUCK_THREADS", _count, None),
     "callback_timeout": ("SHIGOTO_CALLBACK_TIMEOUT", _seconds, CALLBACK_TIMEOUT),
     "stuck_after": ("SHIGOTO_STUCK_AFTER", _seconds, STUCK_AFTER),
+    "capacity": (config.ENV_CAPACITY, _slots, None),
+    "shed_target": (config.ENV_SHED_TARGET, _seconds, None),
+    "shed_interval": (config.ENV_SHED_INTERVAL, _seconds, SHED_INTERVAL),
 }
 
 
@@ -255,10 +266,25 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--rescue-after", type=_seconds, help=_env_help(
         "SHIGOTO_RESCUE_AFTER",
         "seconds of silence after which a node's jobs are rescued (default 2 x heartbeat + 30)"))
+    _flow_flags(p)
     _retention(p)
     p.add_argument("--cron", nargs="?", const="", default=os.environ.get("SHIGOTO_CRON"),
                    metavar="FILE", help="run the cron scheduler here (leader-elected); FILE, a "
                    "JSON list of schedules, is stored first [SHIGOTO_CRON]")  # fmt: skip
+
+
+def _flow_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--capacity", type=_slots, metavar="N", help=_env_help(
+        config.ENV_CAPACITY, "at most N jobs at once across all queues of this runner, shared "
+        "by queue weight (set_queue(name, weight=W)); idle queues lend theirs; each --queue "
+        "concurrency stays that queue's ceiling (default: no runner-wide cap)"))
+    p.add_argument("--shed-target", type=_seconds, metavar="SECONDS", help=_env_help(
+        config.ENV_SHED_TARGET, "load shedding: when even the shortest claim-to-start latency "
+        "over --shed-interval stays above this, stop claiming the lowest priorities first; they "
+        "stay available for other runners (default: off)"))
+    p.add_argument("--shed-interval", type=_seconds, metavar="SECONDS", help=_env_help(
+        config.ENV_SHED_INTERVAL, "how long latency must stay above --shed-target before "
+        f"shedding a band, and below it before taking one back (default {SHED_INTERVAL:g})"))
 
 
 def _retention(p: argparse.ArgumentParser) -> None:
@@ -408,7 +434,8 @@ def _runner(args: argparse.Namespace) -> Any:
         heartbeat_interval=args.heartbeat_interval, rescue_after=args.rescue_after,
         worker_prefixes=config.worker_prefixes(args.worker_prefixes),
         max_stuck_threads=args.max_stuck_threads, callback_timeout=args.callback_timeout,
-        stuck_after=args.stuck_after, **retention,
+        stuck_after=args.stuck_after, capacity=args.capacity, shed_target=args.shed_target,
+        shed_interval=args.shed_interval, **retention,
     )  # fmt: skip
 
 

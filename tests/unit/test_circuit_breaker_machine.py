@@ -8,7 +8,15 @@ import pytest
 
 from shigoto.errors import ValidationError
 from shigoto.flow.circuit_breaker import (
-    CLOSED, HALF_OPEN, OPEN, CircuitBreaker, admit, blocked_until, is_failure, record, status,
+    CLOSED,
+    HALF_OPEN,
+    OPEN,
+    CircuitBreaker,
+    admit,
+    blocked_until,
+    is_failure,
+    record,
+    status,
 )  # fmt: skip
 
 

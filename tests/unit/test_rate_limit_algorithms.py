@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import random
 
 import pytest
@@ -63,7 +64,7 @@ def test_a_backlog_reaches_the_limit(algorithm: str) -> None:
 @pytest.mark.parametrize("algorithm", ["gcra", "leaky_bucket"])
 def test_gcra_and_leaky_bucket_space_a_backlog_evenly(algorithm: str) -> None:
     starts = starts_for(RateLimit(5, 1.0, algorithm), [100.0] * 20)
-    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert gaps == pytest.approx([0.2] * 19)
 
 

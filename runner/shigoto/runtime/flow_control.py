@@ -148,27 +148,33 @@ class FlowControl:
         """Whether `job` starts now (after waiting in place for a turn a moment ahead); if not,
         it was handed back to wait for its reserved turn."""
         reserved = self._reserved_start(job)
-        if reserved is not None:
-            await self._hold(job, reserved, reserved - job_claimed_at(job, reserved))
+        claimed = job_claimed_at(job)
+        if reserved is not None and claimed <= reserved:
+            await self._write_start(job, reserved)
+            await self._sleep(reserved - claimed)
             return True
+        # No reservation, or claimed after its reserved time: starting it now could put one
+        # start too many in a window with the starts reserved after it, so it takes a turn
+        # like any other job (its old slot stays unused: the bound errs on the safe side).
         try:
             async with self.pool.connection() as conn, conn.transaction():
                 at, now, key = await self._reserve(conn, limits)
-                wait = at - now
-                if wait <= 0:
-                    return True
-                if wait > HOLD:
+                if at - now > HOLD:
                     await conn.execute(self._sql["DEFER_RESERVED"], {
                         "id": job.id, "node": self.node, "at": at, "wake": at - HOLD})  # fmt: skip
+                elif at > claimed:
+                    # Its recorded start is its turn, not the claim that came before it.
+                    await conn.execute(self._sql["HOLD_JOB"],
+                                       {"id": job.id, "node": self.node, "at": at})  # fmt: skip
         except Exception as exc:
             log.warning("could not check the rate limits of job %s: %s; handing it back",
                         job.id, exc, extra=_fields(job))  # fmt: skip
             await self._put_back(job)
             return False
-        if wait > HOLD:
-            self._deferred(job, wait, "rate_limit", key)
+        if at - now > HOLD:
+            self._deferred(job, at - now, "rate_limit", key)
             return False
-        await self._hold(job, at, wait)
+        await self._sleep(at - now)
         return True
 
     async def _reserve(
@@ -193,7 +199,7 @@ class FlowControl:
         """The start reserved for this very attempt by an earlier claim, if any: written with
         the attempt and the wake-up time it was handed back with, so a reservation never
         outlives a retry or a snooze."""
-        slot = (job.meta or {}).get(fs.SLOT_META) if isinstance(job.meta, dict) else None
+        slot = job.meta.get(fs.SLOT_META) if isinstance(job.meta, dict) else None
         if not isinstance(slot, dict) or slot.get("attempt") != job.attempt:
             return None
         try:
@@ -204,19 +210,19 @@ class FlowControl:
             return None
         return at
 
-    async def _hold(self, job: Job, at: float, wait: float) -> None:
-        """Start `job` at its reserved time `at`, `wait` seconds from now; its recorded start
-        is that time."""
-        if wait <= 0:
-            return
-        started = self.clock.monotonic()
+    async def _write_start(self, job: Job, at: float) -> None:
+        """Record `at`, the reserved turn, as the job's start (it starts then, not when it was
+        claimed a moment before)."""
         try:
             async with self.pool.connection() as conn:
                 await conn.execute(self._sql["HOLD_JOB"],
                                    {"id": job.id, "node": self.node, "at": at})  # fmt: skip
-        except Exception as exc:  # the start time shown is the claim's; the job still waits
+        except Exception as exc:  # the start shown is the claim's; the job still waits
             log.debug("could not record the reserved start of job %s: %s", job.id, exc)
-        await asyncio.sleep(max(0.0, wait - (self.clock.monotonic() - started)))
+
+    async def _sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            await asyncio.sleep(seconds)
 
     # --- circuit breakers ----------------------------------------------------------------
 
@@ -383,9 +389,9 @@ class FlowControl:
             log.warning("could not hand job %s back: %s", job.id, exc, extra=_fields(job))
 
 
-def job_claimed_at(job: Job, default: float) -> float:
+def job_claimed_at(job: Job) -> float:
     """When the job was claimed, on the database clock (the claim stamps `attempted_at`)."""
-    return job.attempted_at.timestamp() if job.attempted_at is not None else default
+    return job.attempted_at.timestamp() if job.attempted_at is not None else float("inf")
 
 
 def _fields(job: Job) -> dict[str, Any]:

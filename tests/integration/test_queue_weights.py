@@ -1,0 +1,103 @@
+"""Queue weights: one runner's capacity split 3:1 between two busy queues, and all of it to
+the one that still has work once the other is empty."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+import shigoto
+from tests.support import capacity_workers as w
+from tests.support.in_process import QUICK, in_process_runners
+from tests.support.waiting import until
+
+WORKERS = "tests.support.capacity_workers"
+DEADLINE = 60.0
+
+STARTED = """
+SELECT queue, count(*) FROM shigoto_jobs
+WHERE attempted_at IS NOT NULL AND attempted_by = %s GROUP BY queue
+"""
+LEFT = "SELECT count(*) FROM shigoto_jobs WHERE queue = %s AND state = 'available'"
+
+
+@pytest.fixture
+async def runners(db_url: str) -> AsyncIterator[Callable[..., Any]]:
+    w.reset()
+    async with in_process_runners([WORKERS], QUICK) as start:
+        yield start
+
+
+def started_by_queue(conn: psycopg.Connection, node: str) -> dict[str, int]:
+    return {queue: n for queue, n in conn.execute(STARTED, (node,)).fetchall()}
+
+
+def left(conn: psycopg.Connection, queue: str) -> int:
+    row = conn.execute(LEFT, (queue,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_busy_queues_split_the_capacity_by_weight_and_an_empty_one_lends_its_share(
+    conn: psycopg.Connection, runners: Callable[..., Any]
+) -> None:
+    shigoto.set_queue("heavy", weight=3)
+    shigoto.set_queue("light", weight=1)
+    for queue in ("heavy", "light"):
+        shigoto.enqueue_many([{"worker": w.hold, "args": {"ms": 40}, "queue": queue}] * 240)
+    runner = await runners({"heavy": 8, "light": 8}, capacity=8)
+    peak = 0
+
+    def sampled(condition: Callable[[], Any]) -> Callable[[], Any]:
+        """`condition`, also noting the most jobs seen running at once on the runner."""
+
+        def check() -> Any:
+            nonlocal peak
+            peak = max(peak, runner.executing_count)
+            return condition()
+
+        return check
+
+    def first_starts() -> dict[str, int] | None:
+        counts = started_by_queue(conn, runner.node)
+        return counts if sum(counts.values()) >= 120 else None
+
+    # Each queue alone could run 8: the capacity, not the queues, is what binds.
+    counts = await until(sampled(first_starts), timeout=DEADLINE, message="120 jobs started")
+    assert left(conn, "heavy") > 0 and left(conn, "light") > 0, "both queues still busy"
+    ratio = counts["heavy"] / counts["light"]
+    assert 2.4 <= ratio <= 3.6, f"started while both were busy: {counts}"
+
+    # Heavy drains first (6 slots against 2); light then gets all 8.
+    heavy = runner.producers["heavy"]
+    light = runner.producers["light"]
+    await until(sampled(lambda: left(conn, "heavy") == 0 and not heavy.running),
+                timeout=DEADLINE, message="heavy drained")  # fmt: skip
+    assert left(conn, "light") > 8, "light still has a backlog"
+    await until(sampled(lambda: len(light.running) == 8), timeout=DEADLINE,
+                message="light runs on the whole capacity")  # fmt: skip
+    await until(sampled(lambda: runner.executing_count == 0 and left(conn, "light") == 0),
+                timeout=DEADLINE, message="every job done")  # fmt: skip
+    assert peak <= 8, f"{peak} jobs ran at once on a runner of capacity 8"
+    finished = conn.execute(
+        "SELECT count(*) FROM shigoto_jobs WHERE state = 'completed'"
+    ).fetchone()
+    assert finished == (480,)
+
+
+async def test_without_a_capacity_each_queue_uses_its_own_concurrency(
+    conn: psycopg.Connection, runners: Callable[..., Any]
+) -> None:
+    for queue in ("heavy", "light"):
+        shigoto.enqueue_many([{"worker": w.hold, "args": {"ms": 200}, "queue": queue}] * 20)
+    runner = await runners({"heavy": 4, "light": 4})
+    await until(lambda: runner.executing_count == 8, timeout=DEADLINE,
+                message="both queues at their own concurrency")  # fmt: skip
+
+
+def test_a_bad_capacity_names_the_option() -> None:
+    with pytest.raises(shigoto.ConfigurationError, match="capacity must be a whole number"):
+        shigoto.Runner({"default": 1}, capacity=0, database_url="postgresql://unused")

@@ -51,8 +51,10 @@ def _claimer(pool: AsyncConnectionPool, excluded: list[str] | None = None) -> Cl
                    limits=held, flow=held)  # type: ignore[arg-type]  # fmt: skip
 
 
-def _producer(queue: str, *, fair: bool = True, cap: int | None = None,
-              min_priority: int | None = None, global_limit: int | None = None) -> Producer:  # fmt: skip
+def _producer(
+    queue: str, *, fair: bool = True, cap: int | None = None,
+    min_priority: int | None = None, global_limit: int | None = None,
+) -> Producer:  # fmt: skip
     async def nothing(*_: Any) -> Any:
         return []
 

@@ -206,7 +206,7 @@ class FlowControl:
             at, wake = float(slot["at"]), float(slot["wake"])
         except (KeyError, TypeError, ValueError):
             return None
-        if abs(job.scheduled_at.timestamp() - wake) > 0.001:
+        if job.scheduled_at is None or abs(job.scheduled_at.timestamp() - wake) > 0.001:
             return None
         return at
 

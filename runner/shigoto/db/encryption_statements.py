@@ -1,0 +1,70 @@
+"""The statements of `shigoto rekey`: re-sealing envelopes of older keys, batch by batch.
+
+Templates name the table as `{table}` (the jobs table or its archive: same columns) and are
+composed per schema and table with `psycopg.sql.Identifier`. The newest key id arrives as the
+parameter `kid`; an envelope is a jsonb object with the key `$shigoto_enc` (see
+`shigoto.encryption.envelope`). Literal braces (jsonb paths) are doubled for `sql.SQL.format`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from psycopg import sql
+
+#: The tables that hold sealed values: live jobs, then the archive (the pruner moves rows from
+#: the first to the second, so scanning them in this order misses no row that moves meanwhile).
+TABLES = ("shigoto_jobs", "shigoto_jobs_archive")
+
+# A row is stale when a column (or the previous row's result that forwarding copied into meta)
+# is an envelope naming a key other than the newest. `?` on a non-object jsonb is false, so
+# plain values and NULL results never match.
+_STALE = """(
+    (args ? '$shigoto_enc' AND args ->> 'kid' IS DISTINCT FROM %(kid)s)
+    OR (result ? '$shigoto_enc' AND result ->> 'kid' IS DISTINCT FROM %(kid)s)
+    OR (meta #> '{{forwarded_from,result}}' ? '$shigoto_enc'
+        AND meta #>> '{{forwarded_from,result,kid}}' IS DISTINCT FROM %(kid)s)
+)"""
+
+# One batch: the next stale rows after the keyset cursor, locked for this transaction.
+# `executing` rows are left alone (their runner may write the result any moment, and it holds
+# the args in memory anyway); SKIP LOCKED means a row a runner is claiming or completing right
+# now is skipped instead of waited for, so rekey never blocks a runner and is never blocked.
+# Both leave such rows stale: the counts below report them and the next run takes them.
+SELECT_BATCH = f"""
+SELECT id, queue, worker, args, result, meta
+FROM {{table}}
+WHERE id > %(after)s AND state <> 'executing' AND {_STALE}
+ORDER BY id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+"""
+
+# The batch's new envelopes, one jsonb object per row: {"id", "changes": {"args"?, "result"?,
+# "forwarded_result"?}}. A column absent from `changes` keeps its value (a JSON null result is
+# not turned into SQL NULL); meta changes only at the one path forwarding wrote.
+UPDATE_BATCH = """
+UPDATE {table} AS j
+SET args = CASE WHEN r.changes ? 'args' THEN r.changes -> 'args' ELSE j.args END,
+    result = CASE WHEN r.changes ? 'result' THEN r.changes -> 'result' ELSE j.result END,
+    meta = CASE WHEN r.changes ? 'forwarded_result'
+                THEN jsonb_set(j.meta, '{{forwarded_from,result}}', r.changes -> 'forwarded_result')
+                ELSE j.meta END
+FROM jsonb_to_recordset(%(rows)s) AS r(id bigint, changes jsonb)
+WHERE j.id = r.id
+"""
+
+# What a run left behind: stale rows in all, and those of them that are executing.
+COUNT_STALE = f"""
+SELECT count(*), count(*) FILTER (WHERE state = 'executing')
+FROM {{table}}
+WHERE {_STALE}
+"""
+
+
+@functools.cache
+def compose(template: str, schema: str, table: str) -> sql.Composed:
+    """`template` for `table` in `schema` (cached: schemas and tables are few)."""
+    if table not in TABLES:
+        raise ValueError(f"rekey covers {TABLES}, not {table!r}")
+    return sql.SQL(template).format(table=sql.Identifier(schema, table))

@@ -260,6 +260,17 @@ def run_log(conn: psycopg.Connection) -> psycopg.Connection:
     return conn
 
 
+def _two_runners_ready(
+    conn: psycopg.Connection, start: Callable[..., RunnerProcess], queue: str
+) -> None:
+    """Two runner processes serving `queue`, both registered before any job exists, so both
+    take part from the first claim."""
+    for _ in range(2):
+        start(workers="tests.support.fair_workers", queue=queue)
+    wait_until(lambda: conn.execute("SELECT count(*) = 2 FROM shigoto_nodes").fetchone()[0],
+               timeout=30, message="both runners registered")  # fmt: skip
+
+
 @pytest.mark.slow
 def test_small_tenants_finish_within_the_first_claim_rounds(
     run_log: psycopg.Connection, runner_processes: Callable[..., RunnerProcess]
@@ -268,10 +279,8 @@ def test_small_tenants_finish_within_the_first_claim_rounds(
     10 on a fair queue, every small tenant's job completes before the big tenant's 100th."""
     assert _wired(), "runtime/runner.py _configure must set producer.fair from the setting"
     shigoto.set_queue("tenants", fair=True)
-    _enqueue("tenants", {"big": 10_000})
-    _enqueue("tenants", {f"small-{i}": 10 for i in range(9)})
-    for _ in range(2):
-        runner_processes(workers="tests.support.fair_workers", queue="tenants=10")
+    _two_runners_ready(run_log, runner_processes, "tenants=10")
+    _enqueue("tenants", {"big": 10_000, **{f"small-{i}": 10 for i in range(9)}})
     wait_until(lambda: run_log.execute(
         "SELECT count(*) = 90 FROM fair_log WHERE partition_key <> 'big'").fetchone()[0],
         timeout=60, message="the small tenants' 90 jobs")  # fmt: skip
@@ -285,16 +294,16 @@ def test_small_tenants_finish_within_the_first_claim_rounds(
 def test_partition_concurrency_is_exact_across_runners(
     run_log: psycopg.Connection, runner_processes: Callable[..., RunnerProcess]
 ) -> None:
-    """Never more than 2 jobs of one partition run at once, over two runners of concurrency
-    8: checked from every job's own start and end times."""
+    """Never more than 2 jobs of one partition run at once, over two runners of concurrency 3
+    (so neither can hold every slot the caps allow): checked from every job's own start and
+    end times."""
     assert _wired(), "runtime/runner.py _configure must set producer.fair from the setting"
     shigoto.set_queue("capped", fair=True, partition_concurrency=2)
+    _two_runners_ready(run_log, runner_processes, "capped=3")
     shigoto.enqueue_many([
         {"worker": "tests.support.fair_workers.slow_run", "args": {"ms": 150},
          "queue": "capped", "partition_key": key} for key in ("a", "b", "c") for _ in range(8)
     ])  # fmt: skip
-    for _ in range(2):
-        runner_processes(workers="tests.support.fair_workers", queue="capped=8")
     wait_until(lambda: run_log.execute(
         "SELECT count(*) = 24 FROM fair_log WHERE ended IS NOT NULL").fetchone()[0],
         timeout=60, message="all 24 jobs")  # fmt: skip

@@ -1,6 +1,7 @@
 """What rate limits and circuit breakers cost the jobs that have none (issue 11).
 
-    .venv/bin/python -m tests.support.flow_bench [--jobs 3000] [--rounds 3] [--sleep-ms 0]
+    .venv/bin/python -m tests.support.flow_bench [--jobs 3000] [--rounds 3] [--limit 20]
+                                                 [--sleep-ms 0]
 
 On the server of SHIGOTO_DATABASE_URL, else the embedded one, in a database of its own
 (`shigoto_bench_flow`, dropped at the end). Two measurements, each round in both variants:
@@ -9,7 +10,7 @@ On the server of SHIGOTO_DATABASE_URL, else the embedded one, in a database of i
     `FlowControl.__call__` and `excluded()` with flow control as built, against the
     pass-through skeleton it replaced (a pool that raises proves no query is made), and the
     end-to-end time of an in-process runner draining `--jobs` unlimited jobs both ways;
-(b) a rate-limited worker at its limit (20 per second, a backlog that outlasts the round)
+(b) a rate-limited worker at its limit (`--limit` per second, a backlog that outlasts the round)
     sharing the queue: the throughput of the other, unlimited worker's `--jobs` jobs with and
     without it.
 
@@ -41,6 +42,13 @@ QUEUE = "bench"
 SLOTS = 50
 LIMIT = shigoto.RateLimit(20, per=1.0)
 SLEEP_MS = [0.0]
+
+
+def _set_limit(per_second: int) -> None:
+    """The limited worker's rate for this run (its definition is read on every job)."""
+    global LIMIT
+    LIMIT = shigoto.RateLimit(per_second, per=1.0)
+    limited.rate_limit = LIMIT  # type: ignore[misc]
 
 
 @shigoto.worker(name="flow_bench.plain", queue=QUEUE, max_attempts=1)
@@ -124,10 +132,18 @@ async def _round(url: str, jobs: int) -> dict[str, float]:
         "a_middleware_ns_after": await _middleware_ns(
             FlowControl(_no_pool, stmts, "bench", queue_rate_limit=lambda q: None), 20_000),
     }  # fmt: skip
-    out["a_drain_s_before"] = await _drain(url, jobs, before=True, with_limited=False)
-    out["a_drain_s_after"] = await _drain(url, jobs, before=False, with_limited=False)
+    # Each variant runs twice per round, in mirrored order, so drift (autovacuum, a busy
+    # machine) weighs on both alike.
+    variants = {
+        "a_drain_s_before": {"before": True, "with_limited": False},
+        "a_drain_s_after": {"before": False, "with_limited": False},
+        "b_drain_s_with_limited": {"before": False, "with_limited": True},
+    }
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for name in [*variants, *reversed(variants)]:
+        times[name].append(await _drain(url, jobs, **variants[name]))
+    out.update({name: statistics.mean(t) for name, t in times.items()})
     out["b_drain_s_without_limited"] = out["a_drain_s_after"]
-    out["b_drain_s_with_limited"] = await _drain(url, jobs, before=False, with_limited=True)
     return out
 
 
@@ -142,10 +158,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--jobs", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--limit", type=int, default=20,
+                        help="starts per second of the rate-limited worker in (b)")  # fmt: skip
     parser.add_argument("--sleep-ms", type=float, default=0.0,
                         help="what each unlimited job awaits (0: a no-op)")  # fmt: skip
     opts = parser.parse_args()
     SLEEP_MS[0] = opts.sleep_ms
+    _set_limit(opts.limit)
     server = os.environ.get("SHIGOTO_DATABASE_URL") or embedded.start()
     url = prepare_database(server, "public", NAME)
     os.environ["SHIGOTO_DATABASE_URL"] = url

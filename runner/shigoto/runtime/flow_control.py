@@ -365,9 +365,9 @@ class FlowControl:
         """Workers whose jobs the next claim of `queue` leaves where they are: those whose
         whole-worker breaker blocks (open, or every probe slot taken). No query when no
         registered worker has such a breaker."""
-        keys = [f"worker:{name}" for name, w in registry.snapshot().items()
-                if getattr(w, "circuit_breaker", None) is not None
-                and not w.circuit_breaker.by_partition]  # fmt: skip
+        keys = [f"worker:{w.name}" for w in registry.snapshot().values()
+                if (b := getattr(w, "circuit_breaker", None)) is not None
+                and not b.by_partition]  # fmt: skip
         if not keys:
             return []
         cur = await conn.execute(self._sql["BLOCKED_WORKERS"], {"keys": keys})

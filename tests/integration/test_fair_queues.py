@@ -122,6 +122,29 @@ async def test_fair_claim_fills_the_claim_when_partitions_run_short(
     assert sorted(k for k in _keys(jobs) if k != "big") == [f"t{i}" for i in range(9)]
 
 
+async def test_many_partitions_are_walked_a_window_at_a_time(db_url: str, pool: Any) -> None:
+    """With more keys than a claim walks, each claim walks the next window, and after the
+    last key the first again: every partition gets its turn, none is read twice in a row."""
+    _enqueue("wide", {k: 2 for k in "abcdefg"})
+    claimer, producer = _claimer(pool), _producer("wide")
+    claimer.fair_window = 3
+    claims = [_keys(await claimer.claim(producer, "wide", 3)) for _ in range(4)]
+    assert claims == [["a", "b", "c"], ["d", "e", "f"], ["g", "g"], ["a", "b", "c"]]
+
+
+async def test_a_walk_past_the_last_key_starts_again_from_the_first(
+    db_url: str, pool: Any, conn: psycopg.Connection
+) -> None:
+    """A window after the last key may hold nothing any more: the same claim walks from the
+    first key instead of coming back empty."""
+    _enqueue("wrap", {k: 2 for k in "abcd"})
+    claimer, producer = _claimer(pool), _producer("wrap")
+    claimer.fair_window = 2
+    assert _keys(await claimer.claim(producer, "wrap", 2)) == ["a", "b"]
+    conn.execute("DELETE FROM shigoto_jobs WHERE partition_key IN ('c', 'd')")
+    assert _keys(await claimer.claim(producer, "wrap", 2)) == ["a", "b"]
+
+
 async def test_fair_claim_respects_priority_within_a_turn(db_url: str, pool: Any) -> None:
     _enqueue("prio", {"a": 3})
     _enqueue("prio", {"b": 1}, priority=5)
@@ -229,7 +252,8 @@ async def test_explain_reads_no_backlog_of_a_big_partition(
     conn.execute("ANALYZE shigoto_jobs")
     stmts = statements.statements("public")
     params = {"queue": "explain", "limit": 10, "node": NODE, "min_priority": None,
-              "cap": None, "grace": 3.0, "restart_grace": 15.0}  # fmt: skip
+              "cap": None, "grace": 3.0, "restart_grace": 15.0, "window": 128,
+              "after": None}  # fmt: skip
     with conn.transaction(force_rollback=True):
         plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + stmts.claim_fair,
                             params).fetchone()[0][0]  # type: ignore[index]  # fmt: skip

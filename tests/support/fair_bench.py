@@ -26,6 +26,7 @@ import psycopg
 import shigoto
 from shigoto.cli.bench import drop_database, prepare_database
 from shigoto.db import database, embedded, statements
+from shigoto.runtime.claimer import FAIR_WINDOW as WINDOW
 from shigoto.runtime.limiter import GRACE, RESTART_GRACE
 
 NAME = "shigoto_bench_fair"
@@ -45,7 +46,8 @@ def _fill(url: str, queue: str, counts: dict[str | None, int]) -> float:
 
 def _params(queue: str, cap: int | None) -> dict[str, Any]:
     return {"queue": queue, "limit": LIMIT, "node": NODE, "min_priority": None, "cap": cap,
-            "grace": GRACE, "restart_grace": RESTART_GRACE}  # fmt: skip
+            "grace": GRACE, "restart_grace": RESTART_GRACE, "window": WINDOW,
+            "after": None}  # fmt: skip
 
 
 def _claim_ms(conn: psycopg.Connection[Any], statement: str, params: dict[str, Any],

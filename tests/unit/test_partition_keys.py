@@ -13,7 +13,7 @@ from shigoto.client import queue_settings
 from shigoto.client.enqueuing import OPTION_KEYWORDS
 from shigoto.errors import ValidationError
 from shigoto.job import Job, JobState
-from shigoto.runtime.claimer import more_to_offer
+from shigoto.runtime.claimer import FairRow, more_to_offer, next_after
 
 NAME = "tests.unit.partition.job"
 
@@ -130,15 +130,24 @@ def _job(key: str | None) -> Job:
                partition_key=key)  # fmt: skip
 
 
+def _rows(*keys: str | None, share: int = 2, last: str = "z", end: bool = True) -> list[FairRow]:
+    return [FairRow(_job(key), share, last, end) for key in keys]
+
+
 def test_another_round_when_a_partition_gave_its_whole_share_and_the_claim_is_short() -> None:
-    rows = [(_job("big"), 2), (_job("big"), 2), (_job("a"), 2)]
-    assert more_to_offer(rows, 10)
+    assert more_to_offer(_rows("big", "big", "a"), 10)
 
 
 def test_no_other_round_when_every_partition_ran_short() -> None:
-    assert not more_to_offer([(_job("a"), 2), (_job(None), 2)], 10)
+    assert not more_to_offer(_rows("a", None), 10)
 
 
 def test_no_other_round_when_full_or_empty() -> None:
-    assert not more_to_offer([(_job("a"), 1), (_job("b"), 1)], 2)
+    assert not more_to_offer(_rows("a", "b", share=1), 2)
     assert not more_to_offer([], 10)
+
+
+def test_the_next_walk_starts_after_the_last_key_until_the_walk_reaches_the_end() -> None:
+    assert next_after(_rows("a", "c", last="c", end=False)) == "c"
+    assert next_after(_rows("a", "c", last="c", end=True)) is None
+    assert next_after([]) is None

@@ -331,11 +331,15 @@ GROUP BY {column}
 # order.
 # - `keys` walks the distinct keys of the queue's available jobs, one index probe per key (a
 #   skip scan on shigoto_jobs_fair_claim_idx), never reading a partition's backlog; a job
-#   without a key is in partition ''.
+#   without a key is in partition ''. At most `window` keys per claim, from just after
+#   `{after}` (the last key the runner's previous claim walked), so a queue with thousands of
+#   keys costs the same per claim; the claimer starts again from the first key once a walk
+#   reaches the end, so every key gets its turn.
 # - Each partition offers its first `share` jobs in claim order (LIMIT, SKIP LOCKED: rows other
 #   claims hold are passed over, never waited for), so the rows read and locked stay near
-#   `limit` plus one per partition. Each row also returns `share`: the claimer asks again
-#   when a partition gave its whole share and the claim is still short.
+#   `limit` plus one per partition. Each row also returns `share` (the claimer asks again
+#   when a partition gave its whole share and the claim is still short), the last key walked
+#   and whether the walk reached the end.
 # - `busy` counts the queue's executing jobs per partition (a scan of the executing rows only).
 #   `cap` (partition_concurrency, NULL: none) lowers each partition's share to the room its
 #   executing jobs leave, those counted like a global limit's (their runner may live); the
@@ -343,16 +347,17 @@ GROUP BY {column}
 #   decision.
 _CLAIM_FAIR = (
     """
-WITH RECURSIVE keys(k) AS (
-    (SELECT coalesce(partition_key, '') FROM {jobs}
-     WHERE state = {available} AND queue = %(queue)s
+WITH RECURSIVE keys(k, n) AS (
+    (SELECT coalesce(partition_key, ''), 1 FROM {jobs}
+     WHERE state = {available} AND queue = %(queue)s{after}
      ORDER BY coalesce(partition_key, '') LIMIT 1)
     UNION ALL
     SELECT (SELECT coalesce(j.partition_key, '') FROM {jobs} AS j
             WHERE j.state = {available} AND j.queue = %(queue)s
               AND coalesce(j.partition_key, '') > keys.k
-            ORDER BY coalesce(j.partition_key, '') LIMIT 1)
-    FROM keys WHERE keys.k IS NOT NULL
+            ORDER BY coalesce(j.partition_key, '') LIMIT 1),
+           keys.n + 1
+    FROM keys WHERE keys.k IS NOT NULL AND keys.n < %(window)s
 ), parts AS MATERIALIZED (
     SELECT k FROM keys WHERE k IS NOT NULL
 ), share AS (
@@ -394,7 +399,9 @@ SET state = {{executing}}, attempt = j.attempt + 1, attempted_at = now(),
     attempted_by = %(node)s, progress = NULL
 FROM picked
 WHERE j.id = picked.id
-RETURNING {", ".join(f"j.{c}" for c in JOB_COLUMNS)}, (SELECT n FROM share) AS share
+RETURNING {", ".join(f"j.{c}" for c in JOB_COLUMNS)}, (SELECT n FROM share) AS share,
+          (SELECT max(k) FROM parts) AS last_key,
+          (SELECT count(*) < %(window)s FROM parts) AS walked_to_the_end
 """
 )
 
@@ -442,6 +449,8 @@ class Statements:
     claim_excluding_limited: str
     claim_fair: str
     claim_fair_excluding: str
+    claim_fair_after: str
+    claim_fair_excluding_after: str
     slots_held: str
     complete: str
     put_back: str
@@ -493,6 +502,7 @@ _FIXED_PARTS: dict[str, sql.Composable] = {
     "exclude": sql.SQL(""),
     "limit": sql.SQL("%(limit)s"),
     "min_priority": sql.SQL("coalesce(%(min_priority)s::int, -2147483648)"),
+    "after": sql.SQL(""),
     "pending": sql.Literal(ON_DISCARD_PENDING),
     "discard_channel": sql.Literal(DISCARD_CHANNEL),
 }
@@ -500,6 +510,8 @@ _FIXED_PARTS: dict[str, sql.Composable] = {
 # The claim's variants: leaving saturated workers out, and capped by a queue's global limit.
 _EXCLUDE = sql.SQL(" AND worker <> ALL(%(exclude)s::text[])")
 _LIMITED = sql.SQL("least(%(limit)s, %(room)s)")
+# The fair claim's walk over keys, continued after the previous claim's last key.
+_AFTER = sql.SQL(" AND coalesce(partition_key, '') > %(after)s")
 # The database's own clock, for statements that ops runs outside any service.
 _DB_NOW = sql.SQL("now()")
 
@@ -570,6 +582,10 @@ def statements(schema: str) -> Statements:
         "claim_limited": _compose(_CLAIM, schema, limit=_LIMITED),
         "claim_excluding_limited": _compose(_CLAIM, schema, exclude=_EXCLUDE, limit=_LIMITED),
         "claim_fair_excluding": _compose(_CLAIM_FAIR, schema, exclude=_EXCLUDE),
+        "claim_fair_after": _compose(_CLAIM_FAIR, schema, after=_AFTER),
+        "claim_fair_excluding_after": _compose(
+            _CLAIM_FAIR, schema, exclude=_EXCLUDE, after=_AFTER
+        ),
         "archive": _compose(_ARCHIVE, schema, now=_DB_NOW),
         "delete_archived": _compose(_DELETE_ARCHIVED, schema, now=_DB_NOW),
         "busy_by_queue": _compose(_BUSY, schema, column=sql.Identifier("j", "queue")),

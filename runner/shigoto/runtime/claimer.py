@@ -17,7 +17,9 @@ other's rows), shaped by what the runner knows at the moment of the claim:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from psycopg.rows import RowMaker
@@ -36,9 +38,19 @@ def job_rows(_cursor: Any) -> RowMaker[Job]:
     return Job.from_values  # the claim returns JOB_COLUMNS in order
 
 
-def _fair_rows(_cursor: Any) -> RowMaker[tuple[Job, int]]:
-    """The fair claim's rows: the job, and the share each partition was offered."""
-    return lambda values: (Job.from_values(values[:-1]), values[-1])
+@dataclass(frozen=True, slots=True)
+class FairRow:
+    """One row of the fair claim: the job, the share each partition was offered, the last
+    partition key the claim walked and whether its walk reached the last key."""
+
+    job: Job
+    share: int
+    last_key: str
+    walked_to_the_end: bool
+
+
+def _fair_rows(_cursor: Any) -> RowMaker[FairRow]:
+    return lambda values: FairRow(Job.from_values(values[:-3]), *values[-3:])
 
 
 def _claim_order(job: Job) -> tuple[Any, ...]:
@@ -48,18 +60,26 @@ def _claim_order(job: Job) -> tuple[Any, ...]:
 #: Most fair claim statements one claim runs: a round asks again only when a partition gave
 #: its whole share and the claim is still short (see `more_to_offer`).
 FAIR_ROUNDS = 3
+#: Most partition keys one fair claim walks (at least the claim's size): a claim's cost grows
+#: with the keys it walks, so a queue with thousands of keys is served a window at a time.
+FAIR_WINDOW = 128
 
 
-def more_to_offer(rows: list[tuple[Job, int]], wanted: int) -> bool:
+def more_to_offer(rows: list[FairRow], wanted: int) -> bool:
     """Whether another fair round may claim more: short of `wanted`, and some partition gave
     all it was offered (others had fewer jobs than their share, so the share may grow)."""
     if not rows or len(rows) >= wanted:
         return False
-    share = rows[0][1]
-    given: dict[str | None, int] = {}
-    for job, _ in rows:
-        given[job.partition_key] = given.get(job.partition_key, 0) + 1
-    return max(given.values()) >= share
+    given = Counter(row.job.partition_key for row in rows)
+    return max(given.values()) >= rows[0].share
+
+
+def next_after(rows: list[FairRow]) -> str | None:
+    """Where the next fair claim's walk over partition keys starts: after the last key this
+    one walked, or (None) from the first key once a walk reached the end or found nothing."""
+    if not rows or rows[0].walked_to_the_end:
+        return None
+    return rows[0].last_key
 
 
 class Claimer:
@@ -86,6 +106,9 @@ class Claimer:
         self.flow = flow
         self.local_excluded = local_excluded
         self.fanout_ids: set[int] = set()
+        self.fair_window = FAIR_WINDOW
+        #: Per fair queue, the partition key the next claim's walk starts after.
+        self._fair_after: dict[str, str] = {}
 
     @property
     def pool(self) -> AsyncConnectionPool:
@@ -136,11 +159,10 @@ class Claimer:
     ) -> list[Job]:
         """A fair queue's claim. With a global limit or a partition cap, the counts and the
         claim happen under the queue's transaction lock, as in `_claim_limited`."""
-        excluded = params.get("exclude")
-        statement = self.stmts.claim_fair_excluding if excluded else self.stmts.claim_fair
-        params = {**params, "cap": cap, "grace": GRACE, "restart_grace": RESTART_GRACE}
+        params = {**params, "cap": cap, "grace": GRACE, "restart_grace": RESTART_GRACE,
+                  "window": max(self.fair_window, params["limit"])}  # fmt: skip
         if global_limit is None and cap is None:
-            return await self._fair_rounds(conn, statement, params)
+            return await self._fair_rounds(conn, params)
         queue = params["queue"]
         async with conn.transaction():
             await lock_scope(conn, self.schema, scope_key(self.schema, "queue", queue))
@@ -149,22 +171,40 @@ class Claimer:
                 params["limit"] = min(params["limit"], global_limit - busy)
                 if params["limit"] <= 0:
                     return []
-            return await self._fair_rounds(conn, statement, params)
+            return await self._fair_rounds(conn, params)
 
-    @staticmethod
-    async def _fair_rounds(conn: Any, statement: str, params: dict[str, Any]) -> list[Job]:
+    async def _fair_rounds(self, conn: Any, params: dict[str, Any]) -> list[Job]:
         """Claim in rounds until the claim is full, nothing more is offered, or `FAIR_ROUNDS`:
-        each round ranks what is left, so the second round is as fair as the first."""
+        each round ranks what is left, so the second round is as fair as the first. Every
+        round walks the same window of keys; the next claim walks the next one."""
+        queue, wanted = params["queue"], params["limit"]
+        after = self._fair_after.get(queue)
         cur = conn.cursor(row_factory=_fair_rows)
-        wanted = params["limit"]
         jobs: list[Job] = []
+        walked: list[FairRow] = []
         for _ in range(FAIR_ROUNDS):
-            await cur.execute(statement, {**params, "limit": wanted - len(jobs)})
+            statement = self._fair_statement(bool(params.get("exclude")), after is not None)
+            await cur.execute(statement, {**params, "limit": wanted - len(jobs), "after": after})
             rows = await cur.fetchall()
-            jobs += [job for job, _ in rows]
+            if not rows and after is not None:  # nothing after the last key: from the first
+                after = None
+                continue
+            jobs += [row.job for row in rows]
+            walked = rows or walked
             if not more_to_offer(rows, wanted - len(jobs) + len(rows)):
                 break
+        following = next_after(walked)
+        if following is None:
+            self._fair_after.pop(queue, None)
+        else:
+            self._fair_after[queue] = following
         return jobs
+
+    def _fair_statement(self, excluding: bool, after: bool) -> str:
+        stmts = self.stmts
+        if excluding:
+            return stmts.claim_fair_excluding_after if after else stmts.claim_fair_excluding
+        return stmts.claim_fair_after if after else stmts.claim_fair
 
     @staticmethod
     async def _claim_rows(conn: Any, statement: str, params: dict[str, Any]) -> list[Job]:

@@ -18,8 +18,9 @@ import pytest
 import shigoto
 from shigoto.db.flow_statements import SLOT_META
 from shigoto.flow.rate_limit import ALGORITHMS
+from tests.support.in_process import running
 from tests.support.runner_process import RunnerProcess
-from tests.support.waiting import wait_until
+from tests.support.waiting import until, wait_until
 
 WORKERS = "tests.support.flow_workers"
 
@@ -181,3 +182,22 @@ def test_per_partition_limits_are_independent(
     assert max(window_counts(everything, 2.0)) >= 2, "tenants do not share one limit"
     keys = [r[0] for r in conn.execute("SELECT key FROM shigoto_rate_limits ORDER BY key")]
     assert keys == [f"worker:{WORKERS}.per_tenant:{t}" for t in ("acme", "globex", "initech")]
+
+
+async def test_a_queue_limit_and_a_worker_limit_both_apply(
+    db_url: str, conn: psycopg.Connection
+) -> None:
+    async with running(db_url, {"flow": 10}) as runner:
+        # Until queue settings carry rate limits, the runner's lookup is set directly.
+        runner.flow.queue_rate_limit = lambda queue: (
+            shigoto.RateLimit(5, 1.0, "leaky_bucket") if queue == "flow" else None)
+        enqueue("unlimited", 8)
+        enqueue("fast_token_bucket", 8)
+        await until(lambda: completed(conn, "unlimited") + completed(conn, "fast_token_bucket")
+                    == 16)  # fmt: skip
+    times = sorted(starts(conn, "unlimited") + starts(conn, "fast_token_bucket"))
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert min(gaps) >= 0.2 - 1e-3, "the queue's leaky bucket spaces every worker's jobs"
+    keys = [r[0] for r in conn.execute("SELECT key FROM shigoto_rate_limits ORDER BY key")]
+    assert keys == ["queue:flow", f"worker:{WORKERS}.fast_token_bucket"]
+    assert scalar(conn, "SELECT max(attempt) FROM shigoto_jobs") == 1

@@ -136,11 +136,23 @@ class FlowControl:
         if own is not None:
             found.append((limit_key("worker", job.worker, job.partition_key, own.by_partition),
                           own))  # fmt: skip
-        shared = self.queue_rate_limit(job.queue)
+        shared = self._queue_limit(job.queue)
         if shared is not None:
             found.append((limit_key("queue", job.queue, job.partition_key,
                                     shared.by_partition), shared))  # fmt: skip
         return found
+
+    def _queue_limit(self, queue: str) -> RateLimit | None:
+        """The queue's shared limit; one stored as JSON is read as such, and a setting that is
+        not a valid limit is ignored (logged) rather than failing every job of the queue."""
+        shared: Any = self.queue_rate_limit(queue)
+        if shared is None or isinstance(shared, RateLimit):
+            return shared
+        try:
+            return RateLimit.from_json(shared)
+        except Exception as exc:
+            log.warning("queue %s has an invalid rate limit, ignored: %s", queue, exc)
+            return None
 
     # --- rate limits ---------------------------------------------------------------------
 

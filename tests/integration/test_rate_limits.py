@@ -190,7 +190,8 @@ async def test_a_queue_limit_and_a_worker_limit_both_apply(
     async with running(db_url, {"flow": 10}) as runner:
         # Until queue settings carry rate limits, the runner's lookup is set directly.
         runner.flow.queue_rate_limit = lambda queue: (
-            shigoto.RateLimit(5, 1.0, "leaky_bucket") if queue == "flow" else None)
+            shigoto.RateLimit(5, 1.0, "leaky_bucket") if queue == "flow" else None
+        )
         enqueue("unlimited", 8)
         enqueue("fast_token_bucket", 8)
         await until(lambda: completed(conn, "unlimited") + completed(conn, "fast_token_bucket")

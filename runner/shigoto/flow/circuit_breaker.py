@@ -103,12 +103,20 @@ def status(state: dict[str, Any]) -> str:
     return str(state.get("status", CLOSED))
 
 
+#: Calls a time window keeps at most (the newest): the state is rewritten on every outcome, so
+#: a busy worker's minute must not grow it without bound.
+MAX_WINDOW_CALLS = 2_000
+
+
 def _window(breaker: CircuitBreaker, calls: list[Any], now: float) -> list[list[Any]]:
-    """The calls still in the window: the last `window` seconds, or the last `window_calls`."""
+    """The calls still in the window: the last `window` seconds (at most `MAX_WINDOW_CALLS`
+    of them), or the last `window_calls`."""
+    keep = breaker.window_calls if breaker.window_calls is not None else MAX_WINDOW_CALLS
+    recent = calls[len(calls) - keep :] if len(calls) > keep else calls
     if breaker.window_calls is not None:
-        return [list(c) for c in calls[-breaker.window_calls:]]
+        return [list(c) for c in recent]
     since = now - (breaker.window or 0.0)
-    return [list(c) for c in calls if float(c[0]) > since]
+    return [list(c) for c in recent if float(c[0]) > since]
 
 
 def _counts(calls: list[list[Any]]) -> tuple[int, int]:

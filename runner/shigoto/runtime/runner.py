@@ -34,6 +34,7 @@ from shigoto.cron.scheduler import store as store_schedules
 from shigoto.db import statements
 from shigoto.db.migrate import current_version, latest_version, migrate
 from shigoto.errors import ConfigurationError, Error, MigrationError
+from shigoto.flow import RateLimit
 from shigoto.flow.codel import DEFAULT_INTERVAL as SHED_INTERVAL
 from shigoto.flow.codel import check_setting as check_shed_setting
 from shigoto.flow.shares import check_capacity
@@ -196,7 +197,7 @@ class Runner:
         self.progress = ProgressWriter(lambda: self._pool, self.stmts)
         self.flow = FlowControl(
             lambda: self._pool, self.stmts, self.node, clock=clock,
-            queue_rate_limit=lambda q: getattr(self._queue_settings.get(q), "rate_limit", None),
+            queue_rate_limit=self._queue_rate_limit,
         )  # fmt: skip
         self.bulkheads = Bulkheads(lambda: self._pool, self.stmts, self.node, self._held_jobs)
         self.claimer = Claimer(lambda: self._pool, self.stmts, self.node, limits=self.limits,
@@ -559,9 +560,17 @@ class Runner:
         finally:
             self.claimer.fanout_ids.discard(completion.job.id)
 
+    def _queue_rate_limit(self, queue: str) -> RateLimit | None:
+        setting = self._queue_settings.get(queue)
+        return setting.rate_limit if setting is not None else None
+
     def _queue_limited(self, queue: str) -> bool:
+        """Whether a finished job of `queue` frees a slot other runners wait for (a global
+        limit, or a cap per partition), so its outcome must wake them."""
         producer = self.producers.get(queue)
-        return producer is not None and producer.global_limit is not None
+        return producer is not None and (
+            producer.global_limit is not None or producer.partition_concurrency is not None
+        )
 
     @property
     def stuck_threads(self) -> int:
@@ -661,11 +670,14 @@ class Runner:
 
 
 def _configure(producer: Producer, setting: QueueSetting) -> None:
-    """A producer as its queue's shared settings say (paused, global limit, fan-out, weight)."""
+    """A producer as its queue's shared settings say (paused, global limit, fan-out, weight,
+    fair claims and their cap per partition)."""
     producer.paused = setting.paused
     producer.global_limit = setting.global_concurrency
     producer.fanout = setting.fanout
-    producer.weight = getattr(setting, "weight", 1)  # QueueSetting.weight is on its way
+    producer.weight = setting.weight
+    producer.fair = setting.fair
+    producer.partition_concurrency = setting.partition_concurrency
 
 
 def _log_failed_discard(task: asyncio.Future[None]) -> None:

@@ -18,7 +18,8 @@ Every change of a queue's floor emits `shed.change`.
 
 A tick every quarter interval also feeds the controller when no perform starts: the age of
 the oldest claimed job still waiting (a stalled runner is the worst latency, not the absence
-of one), or zero when nothing waits and nothing started (an idle runner is not overloaded).
+of one), or zero when nothing waits, nothing started and some queue has a free slot (a runner
+with room that claims nothing is not overloaded; its floors may be what keeps work away).
 """
 
 from __future__ import annotations
@@ -95,9 +96,15 @@ class Shedding(Service):
         started, self._started_since_tick = self._started_since_tick, False
         if self.waiting:
             self.observe(now - min(self.waiting.values()))
-        elif not started:
+        elif not started and self._has_room():
             self.observe(0.0)
         return self.controller.level
+
+    def _has_room(self) -> bool:
+        """Some queue could claim and nothing waits: the runner keeps up with what it has
+        (its floors may be all that holds work back). With every slot taken there is no
+        evidence either way: long jobs running are not latency, nor its absence."""
+        return any(p.free > 0 and p.claimable for p in self._producers().values())
 
     def observe(self, latency: float) -> None:
         self.controller.max_level = max((len(b) - 1 for b in self.bands.values()), default=0)

@@ -12,7 +12,7 @@ import importlib
 import inspect
 import logging
 import warnings
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, overload
 
 from shigoto import flow, jobspec, registry
@@ -54,6 +54,22 @@ def _check_unique(name: str, unique: Any) -> None:
         unique_jobs.parse(unique)
     except ValidationError as exc:
         raise ValidationError(exc.field, f"worker {name}: {exc.message}") from None
+
+
+def _check_extras(name: str, encrypted: Any, encrypted_result: Any, middleware: Any) -> None:
+    """Encryption and middleware options, checked when the worker is defined."""
+    for field, value in (("encrypted", encrypted), ("encrypted_result", encrypted_result)):
+        if not isinstance(value, bool):
+            raise ValidationError(field, f"worker {name} needs true or false, got {value!r}")
+    if isinstance(middleware, str | bytes) or not isinstance(middleware, Sequence | tuple):
+        raise ValidationError(
+            "middleware", f"worker {name} needs a list of callables mw(job, call_next)"
+        )
+    for i, mw in enumerate(middleware):
+        if not callable(mw):
+            raise ValidationError(
+                f"middleware[{i}]", f"worker {name}: {mw!r} is not a callable mw(job, call_next)"
+            )
 
 
 def _check_definition(name: str, module: str, named: bool, isolation: str) -> None:
@@ -105,6 +121,13 @@ class Worker:
     concurrency: ClassVar[int | None] = None
     #: Stops running this worker's jobs while its failures pass a threshold.
     circuit_breaker: ClassVar[CircuitBreaker | None] = None
+    #: Args stored encrypted (AES-256-GCM, keys from SHIGOTO_ENCRYPTION_KEYS); with
+    #: `encrypted_result`, the result too (docs/encryption.md).
+    encrypted: ClassVar[bool] = False
+    encrypted_result: ClassVar[bool] = False
+    #: This worker's own execution middleware, outermost first, inside the runner-wide chain:
+    #: callables `mw(job, call_next)`, sync or async (docs/middleware.md).
+    middleware: ClassVar[Sequence[Callable[..., Any]]] = ()
 
     def __init_subclass__(cls, template: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -117,6 +140,7 @@ class Worker:
         _validate_defaults(cls.name, cls.max_attempts, cls.timeout, cls.global_concurrency)
         _check_unique(cls.name, cls.unique)
         flow.check_worker_options(cls.name, cls.rate_limit, cls.concurrency, cls.circuit_breaker)
+        _check_extras(cls.name, cls.encrypted, cls.encrypted_result, cls.middleware)
         if not inspect.isabstract(cls) and cls.perform is not Worker.perform:
             register(cls())
 
@@ -198,6 +222,9 @@ class FunctionWorker(Worker, template=True):
         rate_limit: RateLimit | None = None,
         concurrency: int | None = None,
         circuit_breaker: CircuitBreaker | None = None,
+        encrypted: bool = False,
+        encrypted_result: bool = False,
+        middleware: Sequence[Callable[..., Any]] = (),
     ) -> None:
         self.fn = fn
         self.name = name or f"{fn.__module__}.{fn.__qualname__}"  # type: ignore[misc]
@@ -211,6 +238,10 @@ class FunctionWorker(Worker, template=True):
         self.rate_limit = rate_limit  # type: ignore[misc]
         self.concurrency = concurrency  # type: ignore[misc]
         self.circuit_breaker = circuit_breaker  # type: ignore[misc]
+        _check_extras(self.name, encrypted, encrypted_result, middleware)
+        self.encrypted = encrypted  # type: ignore[misc]
+        self.encrypted_result = encrypted_result  # type: ignore[misc]
+        self.middleware = tuple(middleware)  # type: ignore[misc]
         self.queue = queue  # type: ignore[misc]
         self.priority = priority  # type: ignore[misc]
         self.max_attempts = max_attempts  # type: ignore[misc]
@@ -298,6 +329,9 @@ def worker(
     rate_limit: RateLimit | None = None,
     concurrency: int | None = None,
     circuit_breaker: CircuitBreaker | None = None,
+    encrypted: bool = False,
+    encrypted_result: bool = False,
+    middleware: Sequence[Callable[..., Any]] = (),
 ) -> Callable[[Callable[..., Any]], FunctionWorker]: ...
 
 

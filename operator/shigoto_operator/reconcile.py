@@ -197,7 +197,8 @@ async def _read_database(
 async def _apply_settings(
     spec: QueueSpec, db: Database, reading: Reading, emit: Emit
 ) -> Problem | None:
-    """Make the queue's shared settings (paused, global limit, dead-letter forwarding, fan-out)
+    """Make the queue's shared settings (paused, global limit, dead-letter forwarding, fan-out,
+    flow control)
     in the database say what the spec says; running runners pick a change up within seconds,
     and the forwarding trigger reads `forward` in each finishing transaction. Written through
     the database's own pool, which goes when the last object using the database does.
@@ -221,6 +222,10 @@ async def _apply_settings(
                 ),
                 forward=forward,
                 fanout=spec.fanout,
+                fair=spec.fair,
+                weight=spec.weight,
+                partition_concurrency=spec.partition_concurrency,
+                rate_limit=dict(spec.rate_limit) if spec.rate_limit else None,
             )
             changed = await asyncio.wait_for(write, QUERY_TIMEOUT)
     except _DB_ERRORS as exc:
@@ -244,7 +249,31 @@ async def _apply_settings(
             "FanoutApplied",
             f"queue {spec.queue_name}: fanout={str(spec.fanout).lower()}",
         )
+    flow = sorted(changed & FLOW_SETTINGS)
+    if flow:
+        emit("Normal", "FlowControlApplied",
+             f"queue {spec.queue_name}: {_describe_flow(spec, flow)}")  # fmt: skip
     return None
+
+
+#: The flow-control settings (docs/flow-control.md) `write_settings` reports as changed.
+FLOW_SETTINGS = frozenset({"fair", "weight", "partition_concurrency", "rate_limit"})
+
+
+def _describe_flow(spec: QueueSpec, changed: list[str]) -> str:
+    """The changed flow settings as the Queue spells them, for the Event."""
+    values = {
+        "fair": str(spec.fair).lower(),
+        "weight": str(spec.weight),
+        "partition_concurrency": str(spec.partition_concurrency or "none"),
+        "rate_limit": (
+            "none" if not spec.rate_limit
+            else "{limit}/{per}s {algorithm} burst {burst}".format(**spec.rate_limit)
+            + (" per partition" if spec.rate_limit["by_partition"] else "")
+        ),
+    }  # fmt: skip
+    names = {"partition_concurrency": "partitionConcurrency", "rate_limit": "rateLimit"}
+    return ", ".join(f"{names.get(key, key)}={values[key]}" for key in changed)
 
 
 async def _ensure_deployment(

@@ -239,7 +239,9 @@ async def test_queue_forward_is_written_to_the_queue_settings(
 
         await cluster.patch_spec(k8s.QUEUES, "fwd", {"forward": None})
         await eventually(lambda: _value(stored() is None), message="forward cleared")
-        assert "ForwardApplied" in cluster.event_reasons()
+        # The Event is posted after the write the test saw: wait for it too.
+        await eventually(lambda: _value("ForwardApplied" in cluster.event_reasons()),
+                         message="ForwardApplied event")  # fmt: skip
 
 
 async def test_queue_fanout_is_written_to_the_queue_settings(
@@ -258,7 +260,9 @@ async def test_queue_fanout_is_written_to_the_queue_settings(
             k8s.QUEUES, QUEUE, "fan", queue_spec(queueName="bcast", fanout=True)
         )
         await eventually(lambda: _value(stored() is True), message="fanout written")
-        assert "FanoutApplied" in cluster.event_reasons()
+        # The Event is posted after the write the test saw: wait for it too.
+        await eventually(lambda: _value("FanoutApplied" in cluster.event_reasons()),
+                         message="FanoutApplied event")  # fmt: skip
 
         await cluster.patch_spec(k8s.QUEUES, "fan", {"fanout": False})
         await eventually(lambda: _value(stored() is False), message="fanout turned off")
@@ -269,6 +273,37 @@ async def test_queue_fanout_is_written_to_the_queue_settings(
 
         await cluster.patch_spec(k8s.QUEUES, "fan", {"fanout": True})
         await eventually(lambda: _value(stored() is True), message="fanout turned on again")
+
+
+async def test_queue_flow_settings_are_written_to_the_queue_settings(
+    kmock: Any, db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    """spec.fair, weight, partitionConcurrency and rateLimit reach shigoto_queues (where
+    runners read them), follow spec changes, and drift in the database is undone."""
+
+    def stored() -> Any:
+        return conn.execute(
+            "SELECT fair, weight, partition_concurrency, rate_limit FROM shigoto_queues "
+            "WHERE name = 'tenants'"
+        ).fetchone()
+
+    limit = {"limit": 50, "per": 10, "algorithm": "gcra", "burst": 0, "by_partition": True}
+    async with running_operator(kmock) as cluster:
+        cluster.add_secret("pg", {"url": db_url})
+        spec = queue_spec(queueName="tenants", fair=True, weight=3, partitionConcurrency=2,
+                          rateLimit={"limit": 50, "per": 10, "byPartition": True})  # fmt: skip
+        await cluster.create(k8s.QUEUES, QUEUE, "ten", spec)
+        await eventually(lambda: _value(stored() == (True, 3, 2, limit)), message="written")
+        # The Event is posted after the write the test saw: wait for it too.
+        await eventually(lambda: _value("FlowControlApplied" in cluster.event_reasons()),
+                         message="FlowControlApplied event")  # fmt: skip
+
+        await cluster.patch_spec(k8s.QUEUES, "ten", {"rateLimit": None, "fair": False})
+        await eventually(lambda: _value(stored() == (False, 3, 2, None)), message="changed")
+
+        # drift: someone changes the weight in the database -> put back on the next pass
+        conn.execute("UPDATE shigoto_queues SET weight = 9 WHERE name = 'tenants'")
+        await eventually(lambda: _value(stored() == (False, 3, 2, None)), message="drift undone")
 
 
 async def test_template_drift_is_corrected(kmock: Any, db_url: str) -> None:

@@ -64,6 +64,7 @@ def test_status_of_an_empty_database() -> None:
     assert st.counts == {} and st.nodes == []
     assert st.as_dict() == {
         "queues": {}, "nodes": [], "cron": [], "workflows": [], "waiting_on_parents": 0,
+        "breakers": [],
     }  # fmt: skip
 
 
@@ -75,14 +76,15 @@ def test_status_shows_forward_and_fanout(db_url: str) -> None:
     shigoto.set_queue("plain", fanout=False)  # at the defaults: no line
     shigoto.enqueue("w", queue="broadcast")
     st = shigoto.status()
+    flow = {"fair": False, "weight": 1, "partition_concurrency": None, "rate_limit": None}
     assert st.settings == {
         "broadcast": {"paused": False, "global_concurrency": None, "forward": None,
-                      "fanout": True},
+                      "fanout": True, **flow},
         "payments": {"paused": False, "global_concurrency": None,
-                     "forward": {"discarded": "payments-dead"}, "fanout": False},
+                     "forward": {"discarded": "payments-dead"}, "fanout": False, **flow},
     }  # fmt: skip
     assert st.setting("plain") == {
-        "paused": False, "global_concurrency": None, "forward": None, "fanout": False,
+        "paused": False, "global_concurrency": None, "forward": None, "fanout": False, **flow,
     }  # fmt: skip
 
     queues = ok(shigoto_cli(db_url, "status", "--json"))["queues"]
@@ -96,13 +98,46 @@ def test_status_shows_forward_and_fanout(db_url: str) -> None:
     assert text.returncode == 0, text.stderr
     table = text.stdout.split("queue settings", 1)[1]
     rows = {cells[0]: cells for line in table.splitlines()
-            if len(cells := [c.strip() for c in line.strip("│ ").split("│")]) == 5}  # fmt: skip
-    assert rows["payments"] == ["payments", "no", "-", "no", "discarded -> payments-dead"]
-    assert rows["broadcast"] == ["broadcast", "no", "-", "yes", "-"]
+            if len(cells := [c.strip() for c in line.strip("│ ").split("│")]) == 8}  # fmt: skip
+    assert rows["payments"] == ["payments", "no", "-", "no", "discarded -> payments-dead", "no",
+                                "1", "-"]  # fmt: skip
+    assert rows["broadcast"] == ["broadcast", "no", "-", "yes", "-", "no", "1", "-"]
 
     shigoto.set_queue("payments", forward=None)
     shigoto.set_queue("broadcast", fanout=False)
     assert shigoto.status().settings == {}
+
+
+def test_status_shows_flow_settings_and_breakers_not_closed(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    """Fair queues, weights, rate limits and circuit breakers that hold jobs back are what an
+    operator looks for when a queue drains slowly: status shows them."""
+    shigoto.set_queue("tenants", fair=True, partition_concurrency=2, weight=3,
+                      rate_limit=shigoto.RateLimit(50, per=10, by_partition=True))  # fmt: skip
+    conn.execute(
+        "INSERT INTO shigoto_breakers (key, worker, partition_key, status, blocked_until) "
+        "VALUES ('worker:app.pay', 'app.pay', NULL, 'open', now() + interval '30 seconds'), "
+        "('worker:app.mail', 'app.mail', NULL, 'closed', NULL)"
+    )
+    conn.commit()
+    st = shigoto.status()
+    assert st.settings["tenants"] | {} == {
+        "paused": False, "global_concurrency": None, "forward": None, "fanout": False,
+        "fair": True, "weight": 3, "partition_concurrency": 2,
+        "rate_limit": {"limit": 50, "per": 10, "algorithm": "gcra", "burst": 0,
+                       "by_partition": True},
+    }  # fmt: skip
+    [breaker] = st.breakers
+    assert breaker["worker"] == "app.pay" and breaker["status"] == "open"
+    assert breaker["blocked_until"] is not None
+
+    assert ok(shigoto_cli(db_url, "status", "--json"))["breakers"][0]["worker"] == "app.pay"
+    text = shigoto_cli(db_url, "status")
+    assert text.returncode == 0, text.stderr
+    assert "circuit breakers not closed" in text.stdout and "OPEN" in text.stdout
+    assert "yes, 2 per partition" in text.stdout
+    assert "50/10s gcra per partition" in text.stdout
 
 
 async def test_status_lists_live_runner_nodes(db_url: str) -> None:

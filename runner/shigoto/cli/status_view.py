@@ -66,7 +66,8 @@ def settings_table(st: Status) -> Table:
     """The queues whose shared settings are away from the defaults (shigoto.set_queue, the
     pause and resume commands, or a Queue object's spec)."""
     table = Table(title="queue settings")
-    for name in ("queue", "paused", "global limit", "fan-out", "forward"):
+    for name in ("queue", "paused", "global limit", "fan-out", "forward", "fair", "weight",
+                 "rate limit"):  # fmt: skip
         table.add_column(name)
     for queue, setting in sorted(st.settings.items()):
         limit = setting["global_concurrency"]
@@ -76,6 +77,37 @@ def settings_table(st: Status) -> Table:
             "-" if limit is None else str(limit), "yes" if setting["fanout"] else "no",
             _cell(", ".join(f"{state} -> {target}" for state, target in sorted(forward.items()))
                   or "-"),
+            _fairness(setting), str(setting["weight"]), _rate(setting["rate_limit"]),
+        )  # fmt: skip
+    return table
+
+
+def _fairness(setting: dict[str, Any]) -> str:
+    if not setting["fair"]:
+        return "no"
+    cap = setting["partition_concurrency"]
+    return "yes" if cap is None else f"yes, {cap} per partition"
+
+
+def _rate(limit: dict[str, Any] | None) -> str:
+    if not limit:
+        return "-"
+    text = f"{limit['limit']}/{limit['per']:g}s {limit['algorithm']}"
+    if limit.get("burst"):
+        text += f" +{limit['burst']}"
+    return text + (" per partition" if limit.get("by_partition") else "")
+
+
+def breakers_table(st: Status) -> Table:
+    """Circuit breakers that hold a worker's jobs back (open) or let probes through."""
+    table = Table(title="circuit breakers not closed")
+    for name in ("worker", "partition", "state", "blocked until", "since"):
+        table.add_column(name)
+    for b in st.breakers:
+        table.add_row(
+            _cell(b["worker"]), _cell(b["partition_key"] or "-"),
+            "OPEN" if b["status"] == "open" else b["status"], _cell(b["blocked_until"] or "-"),
+            _cell(b["since"]),
         )  # fmt: skip
     return table
 
@@ -102,6 +134,8 @@ def render_status(st: Status, console: Console | None = None) -> None:
         tables.append(workflows_table(st))
     if st.settings:
         tables.append(settings_table(st))
+    if st.breakers:
+        tables.append(breakers_table(st))
     if console is None:
         console = Console()
         if not console.is_terminal:

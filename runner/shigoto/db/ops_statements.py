@@ -21,6 +21,7 @@ def _tables(schema: str) -> dict[str, sql.Identifier]:
         "queues": sql.Identifier(schema, "shigoto_queues"),
         "cron": sql.Identifier(schema, "shigoto_cron"),
         "nodes": sql.Identifier(schema, "shigoto_nodes"),
+        "breakers": sql.Identifier(schema, "shigoto_breakers"),
     }
 
 
@@ -68,9 +69,20 @@ MATCHING_BY_STATE = "SELECT state, count(*) FROM {jobs} WHERE {where} GROUP BY s
 # `shigoto status`: the queues with a setting away from its default (a settings row left at
 # the defaults, as resuming a queue leaves it, is not worth a line).
 SETTINGS_IN_FORCE = """
-SELECT name, paused, global_concurrency, forward, fanout FROM {queues}
-WHERE paused OR global_concurrency IS NOT NULL OR forward IS NOT NULL OR fanout
+SELECT name, paused, global_concurrency, forward, fanout, fair, weight, partition_concurrency,
+       rate_limit
+FROM {queues}
+WHERE paused OR global_concurrency IS NOT NULL OR forward IS NOT NULL OR fanout OR fair
+   OR weight <> 1 OR partition_concurrency IS NOT NULL OR rate_limit IS NOT NULL
 ORDER BY name
+"""
+
+# Circuit breakers away from closed (open, or probing while half-open), by the partial index.
+BREAKERS_NOT_CLOSED = """
+SELECT worker, partition_key, status, blocked_until, updated_at FROM {breakers}
+WHERE status <> 'closed'
+ORDER BY worker, partition_key NULLS FIRST
+LIMIT %(limit)s
 """
 
 # now() from the database, so the next slot is computed against the clock that fires it.

@@ -259,7 +259,10 @@ def explain_no_match(
 #: A queue's shared settings when it has no settings row (shigoto.client.queue_settings).
 DEFAULT_SETTING: dict[str, Any] = {
     "paused": False, "global_concurrency": None, "forward": None, "fanout": False,
+    "fair": False, "weight": 1, "partition_concurrency": None, "rate_limit": None,
 }  # fmt: skip
+#: Most circuit breakers `status` lists (those not closed); a fleet-wide outage opens many.
+STATUS_BREAKERS = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +280,9 @@ class Status:
     workflows: list[dict[str, Any]] = field(default_factory=list)
     #: Jobs waiting for a parent to finish (workflow steps and plain `depends_on` jobs).
     waiting_on_parents: int = 0
+    #: Circuit breakers not closed: {"worker", "partition_key", "status" (open | half_open),
+    #: "blocked_until", "since"} (docs/flow-control.md).
+    breakers: list[dict[str, Any]] = field(default_factory=list)
 
     def setting(self, queue: str) -> dict[str, Any]:
         return self.settings.get(queue, dict(DEFAULT_SETTING))
@@ -295,6 +301,7 @@ class Status:
             "cron": self.cron,
             "workflows": self.workflows,
             "waiting_on_parents": self.waiting_on_parents,
+            "breakers": self.breakers,
         }
 
 
@@ -315,11 +322,20 @@ def _status_steps(schema: str) -> Steps[Status]:
     # Queues at their defaults are left out of the settings.
     settings = {
         name: {"paused": paused, "global_concurrency": limit, "forward": forward,
-               "fanout": fanout}
-        for name, paused, limit, forward, fanout in (
+               "fanout": fanout, "fair": fair, "weight": weight,
+               "partition_concurrency": per_partition, "rate_limit": rate_limit}
+        for name, paused, limit, forward, fanout, fair, weight, per_partition, rate_limit in (
             yield ops_statements.compose(ops_statements.SETTINGS_IN_FORCE, schema), None
         ).rows
     }  # fmt: skip
+    breakers = [
+        {"worker": worker, "partition_key": partition, "status": state,
+         "blocked_until": until.isoformat() if until else None, "since": since.isoformat()}
+        for worker, partition, state, until, since in (
+            yield ops_statements.compose(ops_statements.BREAKERS_NOT_CLOSED, schema),
+            {"limit": STATUS_BREAKERS},
+        ).rows
+    ]  # fmt: skip
     cron = _cron_entries((yield ops_statements.compose(ops_statements.CRON_ENTRIES, schema),
                           None).rows)  # fmt: skip
     flows = (yield statements.compose(workflows.WORKFLOW_PROGRESS, schema),
@@ -327,7 +343,7 @@ def _status_steps(schema: str) -> Steps[Status]:
     waiting = (yield statements.compose(workflows.WAITING_COUNT, schema), None).one()
     return Status(counts, ages, nodes, cron, settings,
                   [{k: v if k in ("id", "name") else int(v) for k, v in f.items()} for f in flows],
-                  int(waiting[0]) if waiting else 0)  # fmt: skip
+                  int(waiting[0]) if waiting else 0, breakers)  # fmt: skip
 
 
 def _cron_entries(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:

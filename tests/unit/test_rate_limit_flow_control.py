@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import shigoto
+from shigoto import registry
 from shigoto.db import statements
 from shigoto.errors import JobTimeoutError
 from shigoto.job import Job, JobState
@@ -30,7 +31,11 @@ def job(worker: str = "unit_flow.plain", **fields: Any) -> Job:
                attempt=1, attempted_at=datetime.now(UTC), **fields)  # fmt: skip
 
 
-async def test_an_unlimited_worker_on_an_unlimited_queue_costs_no_query() -> None:
+async def test_an_unlimited_worker_on_an_unlimited_queue_costs_no_query(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Only unlimited workers are registered here (other tests' modules may define breakers).
+    monkeypatch.setattr(registry, "_definitions", {plain.name: plain})
     flow = FlowControl(no_pool, statements.statements("public"), "node",
                        queue_rate_limit=lambda _q: None)  # fmt: skip
     done = Completion(job(), JobState.COMPLETED)

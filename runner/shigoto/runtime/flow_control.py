@@ -12,9 +12,10 @@ One `FlowControl` per runner plays three parts:
 Rate limits reserve. Admitting a job locks its limiters' rows (worker, queue, per partition
 when asked), asks the pure algorithm for the earliest start that keeps every bound, and
 records that start in each limiter, in one transaction on the database clock. A start due now
-runs; one due within `HOLD` seconds waits in the runner (its `attempted_at` is the reserved
-start); one further ahead goes back `scheduled` to be claimed again `HOLD` seconds before its
-turn, its attempt given back and its reservation in `meta`, and the claim that finds the
+runs; one due within the lead (`Lead`: at most `HOLD` seconds) waits in the runner (its
+`attempted_at` is the reserved start); one further ahead goes back `scheduled` to be claimed
+again that lead before its turn, its attempt given back and its reservation in `meta`, and the
+claim that finds the
 reservation starts it at its time without asking again. So a job waits exactly until its
 turn, is never counted twice, and the runner keeps claiming other jobs meanwhile.
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +57,37 @@ Next = Callable[[Job], Awaitable[Completion | None]]
 #: is handed back and claimed again this long before its turn (more than the stager's default
 #: half second, so it is back in a runner in time to start on the dot).
 HOLD = 0.75
+#: The shortest lead: what a claim takes even when the stager runs often.
+MIN_LEAD = 0.25
+#: Added to the slowest recent return of a handed-back job to make the lead.
+LEAD_MARGIN = 0.15
+
+
+class Lead:
+    """How long before its turn a handed-back job should be made claimable again.
+
+    A waiting job holds a slot of its runner, so the lead should be short; but a job claimed
+    after its turn loses it (it takes a new one), so the lead must cover the stager's interval
+    and the claim. Runners learn it: each reserved job claimed again tells how long after its
+    wake-up time it was claimed; the lead is the slowest of the last `SAMPLES` such delays plus
+    a margin, between `MIN_LEAD` and `HOLD` (the latter until anything is known).
+    """
+
+    SAMPLES = 64
+
+    def __init__(self) -> None:
+        self._delays: deque[float] = deque(maxlen=self.SAMPLES)
+
+    def seen(self, delay: float) -> None:
+        self._delays.append(max(0.0, delay))
+
+    @property
+    def seconds(self) -> float:
+        if not self._delays:
+            return HOLD
+        return min(HOLD, max(MIN_LEAD, max(self._delays) + LEAD_MARGIN))
+
+
 #: Seconds a job of a partition whose breaker blocks waits when no end is known (every probe
 #: slot is taken): long enough not to spin, short enough to be the next probe.
 PROBE_RETRY = 1.0
@@ -101,6 +134,7 @@ class FlowControl:
         self._watching: set[int] = set()
         self._errors: dict[int, BaseException] = {}
         self._sink: int | None = None
+        self.lead = Lead()
 
     @property
     def pool(self) -> AsyncConnectionPool:
@@ -161,6 +195,8 @@ class FlowControl:
         it was handed back to wait for its reserved turn."""
         reserved = self._reserved_start(job)
         claimed = job_claimed_at(job)
+        if reserved is not None:
+            self.lead.seen(claimed - job.scheduled_at.timestamp())  # type: ignore[union-attr]
         if reserved is not None and claimed <= reserved:
             await self._write_start(job, reserved)
             await self._sleep(reserved - claimed)
@@ -168,12 +204,13 @@ class FlowControl:
         # No reservation, or claimed after its reserved time: starting it now could put one
         # start too many in a window with the starts reserved after it, so it takes a turn
         # like any other job (its old slot stays unused: the bound errs on the safe side).
+        lead = self.lead.seconds
         try:
             async with self.pool.connection() as conn, conn.transaction():
                 at, now, key = await self._reserve(conn, limits)
-                if at - now > HOLD:
+                if at - now > lead:
                     await conn.execute(self._sql["DEFER_RESERVED"], {
-                        "id": job.id, "node": self.node, "at": at, "wake": at - HOLD})  # fmt: skip
+                        "id": job.id, "node": self.node, "at": at, "wake": at - lead})  # fmt: skip
                 elif at > claimed:
                     # Its recorded start is its turn, not the claim that came before it.
                     await conn.execute(self._sql["HOLD_JOB"],
@@ -183,7 +220,7 @@ class FlowControl:
                         job.id, exc, extra=_fields(job))  # fmt: skip
             await self._put_back(job)
             return False
-        if at - now > HOLD:
+        if at - now > lead:
             self._deferred(job, at - now, "rate_limit", key)
             return False
         await self._sleep(at - now)
@@ -410,4 +447,4 @@ def _fields(job: Job) -> dict[str, Any]:
     return {"job_id": job.id, "worker": job.worker, "queue": job.queue}
 
 
-__all__ = ["HOLD", "FlowControl", "limit_key"]
+__all__ = ["HOLD", "FlowControl", "Lead", "limit_key"]

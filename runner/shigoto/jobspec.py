@@ -14,6 +14,8 @@ from typing import Any
 
 from shigoto import registry, relations
 from shigoto.config import DEFAULT_QUEUE, queue_name_problem
+from shigoto.encryption import sealing
+from shigoto.encryption.envelope import MARKER
 from shigoto.errors import ValidationError
 from shigoto.signatures import misfit_field
 
@@ -64,6 +66,9 @@ class JobSpec:
     batch_id: int | None = None
     #: The job's partition (a tenant, an account) for fair queues and per-partition limits.
     partition_key: str | None = None
+    #: Args stored sealed (docs/encryption.md): the worker's `encrypted=True`, or the queue's
+    #: setting (marked at insert). `args_json` stays plaintext; the insert seals the row.
+    encrypted: bool = False
 
     def as_params(self) -> dict[str, Any]:
         return {
@@ -117,6 +122,13 @@ def _json_object(field_name: str, value: Any) -> str:
         )
     if "\\u0000" in text:
         raise ValidationError(field_name, "contains a NUL character, which PostgreSQL rejects")
+    if MARKER in value and field_name == "args":
+        # The runner opens any args holding the marker: a plaintext dict with it would be
+        # taken for a sealed envelope and fail every attempt.
+        raise ValidationError(
+            f"args.{MARKER}", "is reserved for encrypted args (the envelope's marker); rename "
+            "that key",
+        )
     return text
 
 
@@ -245,6 +257,7 @@ def build(worker: Any, args: Any = None, /, **options: Any) -> JobSpec:
         )
     name, worker_obj = _worker_name(worker)
     defaults = worker_obj.defaults() if worker_obj is not None else {}
+    encrypted = _encrypted(name, worker_obj)
     args_json = _json_object("args", args)
     fn = getattr(worker_obj, "fn", None)
     if fn is not None:  # a function worker: args must fit its signature
@@ -270,8 +283,20 @@ def build(worker: Any, args: Any = None, /, **options: Any) -> JobSpec:
         tags=_tags(pick("tags")),
         meta_json=_json_object("meta", options.get("meta")),
         partition_key=_partition_key(options.get("partition_key")),
+        encrypted=encrypted,
     )
+    if encrypted:
+        sealing.require_ring(name, spec.queue)  # before anything is written
     return relations.apply(spec, options, defaults)
+
+
+def _encrypted(name: str, worker_obj: Any) -> bool:
+    """Whether the worker stores its args sealed. A job enqueued by bare name takes it from
+    the registry when this process imported the worker: `encrypted` protects data, so it must
+    not depend on how the job was named (an encrypted queue covers producers that import no
+    workers at all)."""
+    found = worker_obj if worker_obj is not None else registry.get(name)
+    return getattr(found, "encrypted", False) is True
 
 
 def build_many(entries: Any) -> list[JobSpec]:

@@ -22,7 +22,14 @@ from psycopg_pool import AsyncConnectionPool
 
 from shigoto import config, telemetry
 from shigoto._service import Service
-from shigoto.db import database, fair_statements, ops_statements, steps
+from shigoto.db import (
+    database,
+    encryption_statements,
+    fair_statements,
+    inserts,
+    ops_statements,
+    steps,
+)
 from shigoto.db.steps import Steps
 from shigoto.errors import ValidationError
 from shigoto.flow.rate_limit import RateLimit
@@ -56,6 +63,8 @@ class QueueSetting:
     partition_concurrency: int | None = None
     #: How many jobs of the queue may start per period, across all runners.
     rate_limit: RateLimit | None = None
+    #: Every job enqueued into the queue stores its args sealed (docs/encryption.md).
+    encrypted: bool = False
 
 
 #: What `forward` is given as: a mapping of state to target queue (None: not forwarded).
@@ -149,6 +158,7 @@ def _write_steps(
     forward: dict[str, str] | _Unset | None = UNSET,
     fanout: bool | None = None,
     flow: Mapping[str, Any] | None = None,
+    encrypted: bool | None = None,
 ) -> Steps[frozenset[str]]:
     """Store the given settings of `name`; UNSET / None leave a setting as it is (for
     `forward`, None turns forwarding off). `forward`, `fanout` and the `flow` settings (checked
@@ -164,6 +174,11 @@ def _write_steps(
         done = yield _stmt(statement, schema), {"name": name}
         if done.rows:
             changed.add("fanout")
+    if encrypted is not None:
+        done = yield encryption_statements.compose_schema(
+            encryption_statements.SET_ENCRYPTED, schema), {"name": name, "encrypted": encrypted}
+        if done.rows:
+            changed.add("encrypted")
     if not isinstance(forward, _Unset):
         if forward is None:
             done = yield _stmt(ops_statements.CLEAR_FORWARD, schema), {"name": name}
@@ -196,6 +211,7 @@ async def write_settings(
     weight: int | None = None,
     partition_concurrency: int | _Unset | None = UNSET,
     rate_limit: RateLimit | Mapping[str, Any] | _Unset | None = UNSET,
+    encrypted: bool | None = None,
 ) -> frozenset[str]:
     """Store the shared settings of `name` on the caller's connection (the operator's
     per-database pool), as `set_queue` does through the client's pool; a setting left out
@@ -204,10 +220,10 @@ async def write_settings(
     database closes; returns which of them did differ ("forward", "fanout", "fair", ...)."""
     stored = _checked(name, global_concurrency, forward)
     _check_fanout(fanout)
+    _check_encrypted(encrypted)
     flow = flow_values(fair, weight, partition_concurrency, rate_limit)
-    return await steps.arun(
-        conn, _write_steps(name, schema, global_concurrency, paused, stored, fanout, flow)
-    )
+    work = _write_steps(name, schema, global_concurrency, paused, stored, fanout, flow, encrypted)
+    return await steps.arun(conn, work)
 
 
 async def write_forward(
@@ -229,6 +245,7 @@ def set_queue(
     weight: int | None = None,
     partition_concurrency: int | _Unset | None = UNSET,
     rate_limit: RateLimit | Mapping[str, Any] | _Unset | None = UNSET,
+    encrypted: bool | None = None,
     database_url: str | None = None,
     schema: str | None = None,
 ) -> None:
@@ -251,17 +268,25 @@ def set_queue(
     of a runner's capacity next to its other queues; `rate_limit=shigoto.RateLimit(...)` (or
     its dict) limits how many jobs of the queue start per period, across all runners (None:
     no limit).
+
+    `encrypted=True` stores the args of every job enqueued into the queue sealed, whatever its
+    worker says (docs/encryption.md). The database refuses plaintext args for the queue from
+    then on, so a process that has not heard of the change cannot leak; this process seals at
+    once. Turning it off affects new jobs only: sealed ones still open.
     """
     stored = _checked(name, global_concurrency, forward)
     _check_fanout(fanout)
+    _check_encrypted(encrypted)
     flow = flow_values(fair, weight, partition_concurrency, rate_limit)
     work = _write_steps(name, config.schema(schema), global_concurrency, paused, stored, fanout,
-                        flow)  # fmt: skip
+                        flow, encrypted)  # fmt: skip
     pool = database.sync_pool(config.database_url(database_url))
     with pool.connection() as conn, conn.transaction():
         changed = steps.run(conn, work)
     if "forward" in changed:
         _forward_event(name, stored, schema)
+    if encrypted:
+        inserts.know_encrypted(config.schema(schema), name)
 
 
 async def aset_queue(
@@ -275,20 +300,29 @@ async def aset_queue(
     weight: int | None = None,
     partition_concurrency: int | _Unset | None = UNSET,
     rate_limit: RateLimit | Mapping[str, Any] | _Unset | None = UNSET,
+    encrypted: bool | None = None,
     database_url: str | None = None,
     schema: str | None = None,
 ) -> None:
     """`set_queue` for asyncio: the same statements on an async connection."""
     stored = _checked(name, global_concurrency, forward)
     _check_fanout(fanout)
+    _check_encrypted(encrypted)
     flow = flow_values(fair, weight, partition_concurrency, rate_limit)
     work = _write_steps(name, config.schema(schema), global_concurrency, paused, stored, fanout,
-                        flow)  # fmt: skip
+                        flow, encrypted)  # fmt: skip
     pool = await database.async_pool(config.database_url(database_url))
     async with pool.connection() as conn, conn.transaction():
         changed = await steps.arun(conn, work)
     if "forward" in changed:
         _forward_event(name, stored, schema)
+    if encrypted:
+        inserts.know_encrypted(config.schema(schema), name)
+
+
+def _check_encrypted(encrypted: Any) -> None:
+    if encrypted is not None and not isinstance(encrypted, bool):
+        raise ValidationError("encrypted", f"must be True or False, got {encrypted!r}")
 
 
 def _check_fanout(fanout: Any) -> None:
@@ -343,9 +377,11 @@ def setting_of(row: tuple[Any, ...]) -> QueueSetting:
     """A `QueueSetting` from a row of `fair_statements.READ_SETTINGS`. A rate limit no runner
     can use (the table's check forbids it; a newer client might write fields this one does not
     know) is logged and left out rather than stopping every queue's settings."""
-    _, limit, paused, fanout, fair, weight, cap, rate_limit = row
+    _, limit, paused, fanout, fair, weight, cap, rate_limit = row[:8]
+    # `encrypted` is read when the statement selects it (a ninth column, migration 0018).
+    encrypted = bool(row[8]) if len(row) > 8 else False
     return QueueSetting(limit, bool(paused), bool(fanout), bool(fair), int(weight or 1), cap,
-                        _read_rate_limit(row[0], rate_limit))  # fmt: skip
+                        _read_rate_limit(row[0], rate_limit), encrypted)  # fmt: skip
 
 
 def _read_rate_limit(queue: str, data: Any) -> RateLimit | None:

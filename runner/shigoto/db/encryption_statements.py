@@ -68,3 +68,38 @@ def compose(template: str, schema: str, table: str) -> sql.Composed:
     if table not in TABLES:
         raise ValueError(f"rekey covers {TABLES}, not {table!r}")
     return sql.SQL(template).format(table=sql.Identifier(schema, table))
+
+
+# -- encrypted queues (migration 0018) and parents' results ---------------------------------
+
+# Written only when it differs, RETURNING saying whether it did (like `fanout`), so the
+# operator can write it on every pass. Turning it off creates no row (false is the default).
+SET_ENCRYPTED = """
+INSERT INTO {queues} AS q (name, encrypted) VALUES (%(name)s, %(encrypted)s)
+ON CONFLICT (name) DO UPDATE SET encrypted = excluded.encrypted, updated_at = now()
+    WHERE q.encrypted IS DISTINCT FROM excluded.encrypted
+RETURNING q.name
+"""
+
+# The encrypted queues of a schema: what a process may load to seal before being refused.
+ENCRYPTED_QUEUES = """
+SELECT name FROM {queues} WHERE encrypted ORDER BY name
+"""
+
+# A job's parents' results with what opening a sealed one needs (the parent's binding and,
+# for a forwarded parent, its meta); a parent pruned to the archive meanwhile is read there.
+PARENT_RESULTS = """
+SELECT id, queue, worker, result, meta FROM {jobs} WHERE id = ANY(%(ids)s::bigint[])
+UNION ALL
+SELECT id, queue, worker, result, meta FROM {archive} WHERE id = ANY(%(ids)s::bigint[])
+"""
+
+
+@functools.cache
+def compose_schema(template: str, schema: str) -> sql.Composed:
+    """`template` with `{queues}`, `{jobs}` and `{archive}` of `schema` filled in."""
+    return sql.SQL(template).format(
+        queues=sql.Identifier(schema, "shigoto_queues"),
+        jobs=sql.Identifier(schema, "shigoto_jobs"),
+        archive=sql.Identifier(schema, "shigoto_jobs_archive"),
+    )

@@ -8,11 +8,14 @@ Every job that reaches `shigoto_jobs` goes through `insert` or `ainsert`: valida
 2. the **resolvers** (`RESOLVERS`; unique jobs) settle the specs they claim against rows
    already in the table: each comes back to be written, or as `Existing(job)`, a job that
    takes its place. Resolvers take transaction-scoped locks, so on an autocommit connection
-   they and the write run in one transaction of ours;
+   they and the write run in one transaction of ours. Before them, encryption (registered by
+   `shigoto.encryption.sealing`) marks the specs to seal and checks that a key ring exists;
 3. the write, chosen by the specs: one row is one `INSERT ... RETURNING` (one round trip, it
    notifies itself); a batch is a binary COPY of reserved ids; specs that carry a
-   `unique_key` are inserted with `ON CONFLICT DO NOTHING`. A conflict, there or from a
-   resolver, returns the existing job with `conflict=True`, its position listed in
+   `unique_key` are inserted with `ON CONFLICT DO NOTHING`. An encrypted spec's args are
+   sealed for its id, so it always takes a path that reserves ids first (one encrypted job is
+   a COPY of one row: plain jobs keep their single statement and pay nothing). A conflict,
+   there or from a resolver, returns the existing job with `conflict=True`, its position listed in
    `Inserted.conflicts`;
 4. a NOTIFY per queue that got an available job (delivered at commit: a rolled-back insert
    wakes nobody), then the `job.insert` telemetry event.
@@ -40,7 +43,7 @@ from psycopg.types.string import StrBinaryDumper
 
 from shigoto import telemetry
 from shigoto.db import statements
-from shigoto.errors import ValidationError
+from shigoto.errors import ConfigurationError, ValidationError
 from shigoto.job import JOB_COLUMNS, Job, JobState
 
 #: Who asked for the insert; hooks and the telemetry event see it.
@@ -85,6 +88,8 @@ class InsertSpec(Protocol):
     def batch_id(self) -> int | None: ...
     @property
     def partition_key(self) -> str | None: ...
+    @property
+    def encrypted(self) -> bool: ...
     def as_params(self) -> dict[str, Any]: ...
 
 
@@ -130,6 +135,67 @@ def apply_hooks(specs: list[S], context: InsertContext) -> list[S]:
     for hook in list(HOOKS):
         specs = list(hook(specs, context))
     return specs
+
+
+# -- encryption's place in the path (registered from above: `shigoto.encryption.sealing`) -----
+
+#: Marks a batch's specs to seal and checks a ring exists; runs after the hooks.
+Mark = Callable[[list[Any], InsertContext], list[Any]]
+#: The args text stored for a spec as job `id` in `schema`: the sealed envelope.
+Seal = Callable[[Any, int, str], str]
+
+
+def _no_mark(specs: list[Any], context: InsertContext) -> list[Any]:
+    return specs
+
+
+def _no_seal(spec: Any, job_id: int, schema: str) -> str:
+    raise ConfigurationError(
+        f"worker {spec.worker} (queue {spec.queue}) is encrypted but shigoto.encryption is "
+        "not loaded; import shigoto.encryption.sealing (jobspec does) before enqueueing"
+    )
+
+
+_mark: Mark = _no_mark
+_seal: Seal = _no_seal
+
+#: Queues known to be encrypted, by schema: set by `set_queue(encrypted=True)` in this process
+#: and learned when migration 0018's trigger refuses plaintext args. Never emptied: a queue
+#: that stops being encrypted still gets sealed args from this process, which is harmless.
+_ENCRYPTED_QUEUES: dict[str, set[str]] = {}
+
+
+def set_encryption(mark: Mark, seal: Seal) -> None:
+    """Register encryption's marking and sealing steps (one registration per process)."""
+    global _mark, _seal
+    _mark, _seal = mark, seal
+
+
+def encrypted_queues(schema: str) -> frozenset[str]:
+    return frozenset(_ENCRYPTED_QUEUES.get(schema, ()))
+
+
+def know_encrypted(schema: str, queue: str) -> None:
+    """Remember that `queue` of `schema` is encrypted: its next jobs are sealed."""
+    _ENCRYPTED_QUEUES.setdefault(schema, set()).add(queue)
+
+
+class EncryptedQueueError(ConfigurationError):
+    """Migration 0018's trigger refused plaintext args for an encrypted queue. This process
+    now knows the queue is encrypted; on an autocommit connection the insert is retried once,
+    sealed; inside the caller's transaction the caller retries the transaction."""
+
+    def __init__(self, queue: str, retried: bool) -> None:
+        hint = ("" if retried else "; this process now seals its jobs: retry the transaction")
+        super().__init__(
+            f"queue {queue} is encrypted (set_queue(..., encrypted=True)) and refuses plaintext "
+            f"args{hint}; the enqueuing process needs SHIGOTO_ENCRYPTION_KEYS"
+        )
+        self.queue = queue
+
+
+#: The constraint name migration 0018's trigger raises with; its DETAIL is the queue.
+_ENCRYPTED_QUEUE_CHECK = "shigoto_jobs_encrypted_queue"
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,10 +360,12 @@ Plan = Literal["one", "one_unique", "copy", "unique"]
 
 def plan(specs: Sequence[InsertSpec]) -> Plan:
     """How to write: unique keys need ON CONFLICT (COPY has none); one row is a single
-    INSERT; anything else is a COPY."""
+    INSERT; anything else is a COPY. One encrypted row takes the many-row path of its kind:
+    its id must be reserved before its args can be sealed for it."""
+    one = len(specs) == 1 and not specs[0].encrypted
     if any(s.unique_key is not None for s in specs):
-        return "one_unique" if len(specs) == 1 else "unique"
-    return "one" if len(specs) == 1 else "copy"
+        return "one_unique" if one else "unique"
+    return "one" if one else "copy"
 
 
 def _one_unique_params(spec: InsertSpec) -> dict[str, Any]:
@@ -320,14 +388,18 @@ def _prepare_copy(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
     cur.adapters.register_dumper(None, _JsonTextDumper)  # by oid only: COPY's set_types
 
 
-def _rows(specs: Sequence[InsertSpec], ids: Sequence[int], now: datetime) -> list[tuple[Any, ...]]:
-    """The rows to write, in `copy_jobs`' column order, timed by the database's `now`."""
+def _rows(
+    specs: Sequence[InsertSpec], ids: Sequence[int], now: datetime, schema: str
+) -> list[tuple[Any, ...]]:
+    """The rows to write, in `copy_jobs`' column order, timed by the database's `now`; an
+    encrypted spec's args sealed for its reserved id."""
     rows = []
     for job_id, spec in zip(ids, specs, strict=True):
         at = spec.scheduled_at or (now + timedelta(seconds=spec.delay))
         state = "available" if at <= now else "scheduled"
+        args = _seal(spec, job_id, schema) if spec.encrypted else spec.args_json
         rows.append((
-            job_id, spec.queue, spec.worker, spec.args_json, state, spec.priority,
+            job_id, spec.queue, spec.worker, args, state, spec.priority,
             spec.max_attempts, spec.timeout, at, now, spec.tags, spec.meta_json,
             list(spec.depends_on) or None, spec.on_parent_failure, spec.batch_id,
             spec.partition_key,
@@ -473,6 +545,11 @@ class _TooLarge:
         return None
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: Any) -> None:
+        if (
+            isinstance(exc, psycopg.errors.CheckViolation)
+            and exc.diag.constraint_name == _ENCRYPTED_QUEUE_CHECK
+        ):
+            raise EncryptedQueueError(exc.diag.message_detail or "?", retried=False) from None
         if isinstance(exc, psycopg.errors.ForeignKeyViolation) and (
             exc.diag.message_primary or ""
         ).startswith(_UNKNOWN_PARENT):
@@ -498,34 +575,54 @@ class _TooLarge:
 # -- sync ------------------------------------------------------------------------------------
 
 
+def _retryable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether a refused insert left nothing of the caller's behind, so it may run again."""
+    return conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+
+
+def _refused(refused: EncryptedQueueError, schema: str, retry: bool) -> bool:
+    """Learn the encrypted queue the database named; re-raise unless the insert may run once
+    more (its specs are then sealed). Returns whether a further refusal may still retry."""
+    know_encrypted(schema, refused.queue)
+    if not retry:
+        raise refused
+    return False
+
+
 def insert(
     conn: psycopg.Connection[Any], specs: Sequence[InsertSpec], *, schema: str, source: Source
 ) -> Inserted:
     """Write validated specs on `conn`, joining its transaction; all or nothing."""
-    started = time.monotonic()
-    context = InsertContext(source, schema, conn)
-    entries: list[Any] = apply_hooks(list(specs), context)
-    if not entries:
-        return Inserted([])
-    resolvers = _resolvers(entries)
-    # The resolvers' locks are released at commit, which must come after the write: on an
-    # autocommit connection both run in one transaction of ours.
-    ours = bool(resolvers) and conn.autocommit
-    direct = ours or _caller_commits(conn)
-    with (
-        conn.cursor(row_factory=tuple_row) as cur,  # any row factory
-        _TooLarge(),
-        conn.transaction() if ours else contextlib.nullcontext(),
-    ):
-        for resolver in resolvers:
-            at = _claimed(resolver, entries)
-            out = resolver.resolve([entries[i] for i in at], context)
-            entries = _settled(entries, at, out)
-        todo = [e for e in entries if not isinstance(e, Existing)]
-        written = _write_many(cur, context, todo, direct=direct) if todo else []
-    result = _assemble(entries, iter(written))
-    _emit(context, result, started)
-    return result
+    retry = _retryable(conn)
+    while True:
+        started = time.monotonic()
+        context = InsertContext(source, schema, conn)
+        entries: list[Any] = _mark(apply_hooks(list(specs), context), context)
+        if not entries:
+            return Inserted([])
+        resolvers = _resolvers(entries)
+        # The resolvers' locks are released at commit, which must come after the write: on
+        # an autocommit connection both run in one transaction of ours.
+        ours = bool(resolvers) and conn.autocommit
+        direct = ours or _caller_commits(conn)
+        try:
+            with (
+                conn.cursor(row_factory=tuple_row) as cur,  # any row factory
+                _TooLarge(),
+                conn.transaction() if ours else contextlib.nullcontext(),
+            ):
+                for resolver in resolvers:
+                    at = _claimed(resolver, entries)
+                    out = resolver.resolve([entries[i] for i in at], context)
+                    entries = _settled(entries, at, out)
+                todo = [e for e in entries if not isinstance(e, Existing)]
+                written = _write_many(cur, context, todo, direct=direct) if todo else []
+        except EncryptedQueueError as refused:
+            retry = _refused(refused, schema, retry)  # marked now: the next round seals
+            continue
+        result = _assemble(entries, iter(written))
+        _emit(context, result, started)
+        return result
 
 
 def _write_many(
@@ -548,14 +645,14 @@ def _write_many(
             return [(_job(specs[0], _one_row(specs[0], returned)), False)]
         cur.execute(own.existing, {"keys": [specs[0].unique_key]})
         return _written_unique(specs, [(None,)], set(), _by_key(cur.fetchall()))
-    if not direct:
+    if not direct and len(specs) > 1:  # one row is atomic without a savepoint
         with context.conn.transaction():  # a savepoint in the caller's transaction
             return _write_many(cur, context, specs, direct=True)
     cur.execute(stmts.reserve_ids, {"count": len(specs)})
     reserved = cur.fetchone()
     assert reserved is not None
     now, ids = reserved
-    rows = _rows(specs, ids, now)
+    rows = _rows(specs, ids, now, context.schema)
     result: list[Written]
     if how == "copy":
         _prepare_copy(cur)
@@ -589,30 +686,36 @@ async def ainsert(
     conn: psycopg.AsyncConnection[Any], specs: Sequence[InsertSpec], *, schema: str, source: Source
 ) -> Inserted:
     """`insert` on an AsyncConnection."""
-    started = time.monotonic()
-    context = InsertContext(source, schema, conn)
-    entries: list[Any] = apply_hooks(list(specs), context)
-    if not entries:
-        return Inserted([])
-    resolvers = _resolvers(entries)
-    # The resolvers' locks are released at commit, which must come after the write: on an
-    # autocommit connection both run in one transaction of ours.
-    ours = bool(resolvers) and conn.autocommit
-    direct = ours or _caller_commits(conn)
-    async with (
-        conn.cursor(row_factory=tuple_row) as cur,  # any row factory
-        _TooLarge(),
-        conn.transaction() if ours else contextlib.nullcontext(),
-    ):
-        for resolver in resolvers:
-            at = _claimed(resolver, entries)
-            out = await resolver.resolve([entries[i] for i in at], context)
-            entries = _settled(entries, at, out)
-        todo = [e for e in entries if not isinstance(e, Existing)]
-        written = await _awrite_many(cur, context, todo, direct=direct) if todo else []
-    result = _assemble(entries, iter(written))
-    _emit(context, result, started)
-    return result
+    retry = _retryable(conn)
+    while True:
+        started = time.monotonic()
+        context = InsertContext(source, schema, conn)
+        entries: list[Any] = _mark(apply_hooks(list(specs), context), context)
+        if not entries:
+            return Inserted([])
+        resolvers = _resolvers(entries)
+        # The resolvers' locks are released at commit, which must come after the write: on
+        # an autocommit connection both run in one transaction of ours.
+        ours = bool(resolvers) and conn.autocommit
+        direct = ours or _caller_commits(conn)
+        try:
+            async with (
+                conn.cursor(row_factory=tuple_row) as cur,  # any row factory
+                _TooLarge(),
+                conn.transaction() if ours else contextlib.nullcontext(),
+            ):
+                for resolver in resolvers:
+                    at = _claimed(resolver, entries)
+                    out = await resolver.resolve([entries[i] for i in at], context)
+                    entries = _settled(entries, at, out)
+                todo = [e for e in entries if not isinstance(e, Existing)]
+                written = await _awrite_many(cur, context, todo, direct=direct) if todo else []
+        except EncryptedQueueError as refused:
+            retry = _refused(refused, schema, retry)  # marked now: the next round seals
+            continue
+        result = _assemble(entries, iter(written))
+        _emit(context, result, started)
+        return result
 
 
 async def _awrite_many(
@@ -638,14 +741,14 @@ async def _awrite_many(
             return [(_job(specs[0], _one_row(specs[0], returned)), False)]
         await cur.execute(own.existing, {"keys": [specs[0].unique_key]})
         return _written_unique(specs, [(None,)], set(), _by_key(await cur.fetchall()))
-    if not direct:
+    if not direct and len(specs) > 1:  # one row is atomic without a savepoint
         async with context.conn.transaction():  # a savepoint in the caller's transaction
             return await _awrite_many(cur, context, specs, direct=True)
     await cur.execute(stmts.reserve_ids, {"count": len(specs)})
     reserved = await cur.fetchone()
     assert reserved is not None
     now, ids = reserved
-    rows = _rows(specs, ids, now)
+    rows = _rows(specs, ids, now, context.schema)
     result: list[Written]
     if how == "copy":
         _prepare_copy(cur)

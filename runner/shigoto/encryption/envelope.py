@@ -50,7 +50,9 @@ _AAD_LABEL = "shigoto/enc/v1"
 _NONCE_BYTES = 12
 _ENVELOPE_KEYS = frozenset({MARKER, "kid", "for", "nonce", "ct"})
 
-Field = Literal["args", "result"]
+#: Where a sealed value lives: the `args` or `result` column, or the detail (message and
+#: traceback) of an `errors` entry of an encrypted job (`error`).
+Field = Literal["args", "result", "error"]
 
 
 @dataclass(frozen=True)

@@ -219,6 +219,17 @@ def _rekey_table(
             on_batch(counts)
 
 
+def stale_counts(
+    conn: psycopg.Connection[Any], ring: KeyRing, schema: str = "public"
+) -> list[TableCounts]:
+    """What a run would re-seal, per table, changing nothing (`shigoto rekey --dry-run`)."""
+    out = []
+    for table in statements.TABLES:
+        remaining, executing = _stale(conn, ring, schema, table)
+        out.append(TableCounts(table, remaining=remaining, remaining_executing=executing))
+    return out
+
+
 def _stale(
     conn: psycopg.Connection[Any], ring: KeyRing, schema: str, table: str
 ) -> tuple[int, int]:

@@ -11,6 +11,13 @@ order: bulk enqueues never deadlock), finds each key's holder and either returns
 enqueue is a conflict: the caller gets that job back with `conflict=True`, after `replace`
 and `debounce`) or releases it so the new job may take the key. The unique index on
 `unique_key` (the one cron's slot keys use) backs the lock: two jobs can never hold one key.
+
+Encrypted jobs (docs/encryption.md): a bare hash of guessable args would give them away, so
+their key is a keyed HMAC of the same canonical material (`encryption.digests`), under the
+ring's newest key: `unique:<kid>.<hex>`. A spec that only becomes encrypted at insert (its
+queue is encrypted) gets its key recomputed there by the resolver, from the key fields that
+travel with its options. `replace=["args"]` is refused for encrypted jobs: the new args would
+be sealed for the new job's id, which the holder could never open.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from psycopg.rows import tuple_row
 
 from shigoto.db import inserts
 from shigoto.db.inserts import Existing, InsertContext, InsertSpec
+from shigoto.encryption import sealing
+from shigoto.encryption.digests import unique_digest
 from shigoto.errors import ValidationError
 from shigoto.job import JOB_COLUMNS, Job, JobState
 
@@ -182,7 +191,24 @@ def _seconds(value: Any, field: str, none: str) -> float | None:
 def key_of(spec: InsertSpec, keys: Sequence[str], field: str = "unique.keys") -> str:
     """The key stored in `unique_key`: `PREFIX` and a hash of the canonical JSON of the chosen
     fields. Equal fields give equal keys whatever order dicts were built in; an integral float
-    counts as the integer (1.0 == 1), as jsonb compares them."""
+    counts as the integer (1.0 == 1), as jsonb compares them. An encrypted spec's hash is
+    keyed (HMAC under the ring's newest key), so the stored key reveals nothing of its args."""
+    material = _material(spec, keys, field)
+    if spec.encrypted:
+        ring = sealing.require_ring(spec.worker, spec.queue)
+        return PREFIX + unique_digest(material, ring.newest)
+    text = json.dumps(_canonical(material), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, allow_nan=False)  # fmt: skip
+    return PREFIX + hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def _keyed(key: str) -> bool:
+    """Whether a stored key is an encrypted job's HMAC (`unique:<kid>.<hex>`)."""
+    return "." in key
+
+
+def _material(spec: InsertSpec, keys: Sequence[str], field: str) -> dict[str, Any]:
+    """The chosen fields' values, by key name; ValidationError for a path the job lacks."""
     material: dict[str, Any] = {}
     args = meta = None
     for i, key in enumerate(keys):
@@ -204,9 +230,7 @@ def key_of(spec: InsertSpec, keys: Sequence[str], field: str = "unique.keys") ->
                 )
             value = value[part]
         material[key] = value
-    text = json.dumps(_canonical(material), sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False, allow_nan=False)  # fmt: skip
-    return PREFIX + hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+    return material
 
 
 def _canonical(value: Any) -> Any:
@@ -221,16 +245,18 @@ def _canonical(value: Any) -> Any:
 
 @functools.cache
 def _encoded(options: UniqueOptions) -> str:
-    """What the insert needs of the options, as JSON (keys were used up by the hash)."""
-    return json.dumps({"states": options.states, "period": options.period,
+    """What the insert needs of the options, as JSON; `keys` so that a spec encrypted only at
+    insert (an encrypted queue) can have its key recomputed as an HMAC there."""
+    return json.dumps({"keys": options.keys, "states": options.states, "period": options.period,
                        "replace": options.replace, "debounce": options.debounce},
                       separators=(",", ":"))  # fmt: skip
 
 
 def _decoded(text: str) -> UniqueOptions:
     raw = json.loads(text)
-    return UniqueOptions(keys=(), states=tuple(raw["states"]), period=raw["period"],
-                         replace=tuple(raw["replace"]), debounce=raw["debounce"])  # fmt: skip
+    return UniqueOptions(keys=tuple(raw.get("keys", ())), states=tuple(raw["states"]),
+                         period=raw["period"], replace=tuple(raw["replace"]),
+                         debounce=raw["debounce"])  # fmt: skip
 
 
 def split(unique_key: str) -> tuple[str, UniqueOptions] | None:
@@ -250,12 +276,34 @@ def apply(spec: S, options: Mapping[str, Any], defaults: Mapping[str, Any]) -> S
     parsed = parse(value)
     if parsed is None:
         return spec
+    if spec.encrypted:
+        _check_encrypted(parsed, "unique.replace")
     changes: dict[str, Any] = {
         "unique_key": key_of(spec, parsed.keys) + _SEPARATOR + _encoded(parsed)
     }
     if parsed.debounce is not None and spec.scheduled_at is None and spec.delay == 0:
         changes["delay"] = parsed.debounce  # a debounced job waits for quiet from the start
     return dataclasses.replace(spec, **changes)  # type: ignore[type-var]
+
+
+def _check_encrypted(options: UniqueOptions, field: str) -> None:
+    """Refuse what uniqueness cannot do with sealed args, before anything is written."""
+    if "args" in options.replace:
+        raise ValidationError(
+            field,
+            "cannot hold 'args' for an encrypted job: its args are sealed for its own id, so "
+            "the job already holding the key could never open them; leave 'args' out (or "
+            "cancel the holder and enqueue again)",
+        )
+
+
+def _sealed_key(spec: Any, key: str, options: UniqueOptions) -> str:
+    """An encrypted spec's stored key: its HMAC, recomputed when the spec was built plain and
+    only marked encrypted at insert (its queue is encrypted)."""
+    _check_encrypted(options, "unique.replace")
+    if _keyed(key) or not options.keys:
+        return key
+    return key_of(spec, options.keys)
 
 
 def fold(specs: Sequence[Any], options: Sequence[UniqueOptions]) -> Any:
@@ -327,6 +375,8 @@ def plan(specs: Sequence[Any]) -> _Plan:
     for i, spec in enumerate(specs):
         found = split(spec.unique_key)
         assert found is not None, "the resolver only sees the specs it claims"
+        if spec.encrypted:
+            found = (_sealed_key(spec, found[0], found[1]), found[1])
         keys.append(found[0])
         options.append(found[1])
         groups.setdefault(found[0], []).append(i)

@@ -10,6 +10,18 @@ on threads of their own, under `callback_timeout`, so the outcome is always reco
 Every outcome is logged on `shigoto.executor`, one line each with the fields job_id, worker,
 queue and attempt: failures, retries, discards and cancels at INFO, successes and snoozes at
 DEBUG; tracebacks at `traceback_level`. Job args never appear in the log.
+
+Encrypted jobs (docs/encryption.md): sealed args, and sealed results of parents, are opened
+before the perform, so the perform, `current_job()` and `on_discard` see plaintext (a child
+process of `isolation="process"` gets the plaintext through its pipe, never the keys). A value
+that does not open (a missing key, an altered or misplaced ciphertext) fails the attempt with
+a `DecryptionError` naming the key id, retried with backoff like any failure, so a key put
+back later lets the job run; the perform never sees the envelope. The result of an
+`encrypted_result` worker is sealed before the completion leaves. For a job whose args were
+sealed or whose worker is encrypted, an exception's message and traceback may quote its args:
+its `errors` entry keeps only the exception type in `error` and seals message and traceback
+in `sealed` (`{"error": ..., "traceback": ...}`, field "error"), and its log lines name only
+the type (a `DecryptionError`, which names key id and job only, is kept whole).
 """
 
 from __future__ import annotations
@@ -29,7 +41,20 @@ from typing import Any
 
 from shigoto import telemetry
 from shigoto.backoff import default_backoff
-from shigoto.context import JobContext, reset_current, set_current
+from shigoto.context import (
+    JobContext,
+    reset_current,
+    reset_parent_results,
+    set_current,
+    set_parent_results,
+)
+from shigoto.context import _loaded_parent_results as loaded_parent_results
+from shigoto.encryption import DecryptionError, JobBinding, KeyRing, is_envelope, seal
+from shigoto.encryption.sealing import (
+    SealedValue,
+    process_ring,
+    sealed_or_plain,
+)
 from shigoto.errors import Cancel, Discard, JobTimeoutError, Outcome, Snooze
 from shigoto.job import Job, JobState
 from shigoto.runtime.isolation import perform_in_process
@@ -161,8 +186,15 @@ class JobExecutor:
         callbacks: Executor | None = None,
         callback_timeout: float = CALLBACK_TIMEOUT,
         traceback_level: int = logging.DEBUG,
+        schema: str = "public",
+        keys: KeyRing | _NoKeys | None = None,
     ) -> None:
+        """`schema` binds sealed values to their jobs; `keys` opens and seals them (None: the
+        process ring, `SHIGOTO_ENCRYPTION_KEYS` read once; `NO_KEYS`: none)."""
         self.node = node
+        self.schema = schema
+        self.keys: KeyRing | None = process_ring() if keys is None else (
+            None if isinstance(keys, _NoKeys) else keys)  # fmt: skip
         self.resolve = resolve
         self.threads = threads
         self.progress = progress
@@ -196,11 +228,16 @@ class JobExecutor:
         telemetry.emit("job.start", {"system_time": time.time()}, meta)
         worker: Worker | None = None
         ctx: JobContext | None = None
+        sealed = is_envelope(job.args)
+        parents = None
         try:
             problem = undecodable_problem(job)
             if problem is not None:
                 raise Discard(problem)  # not even on_discard could be given these args
             worker = self.resolve(job.worker)
+            sealed = sealed or getattr(worker, "encrypted", False) is True
+            job = self._opened(job)
+            parents = self._open_parents()
             ctx = self._context(job, worker)
             outcome: Any = await self._perform(job, worker, ctx)
         except asyncio.CancelledError:
@@ -214,11 +251,38 @@ class JobExecutor:
             self._cancel_requests.pop(job.id, None)  # one that came as the perform ended
             if ctx is not None:
                 ctx._request_cancel()  # the attempt is over, whatever a straggler still does
+            if parents is not None:
+                reset_parent_results(parents)
         duration = time.monotonic() - started
-        completion = await self._complete(job, worker, outcome, duration)
+        completion = await self._complete(job, worker, outcome, duration, sealed)
         if ctx is not None and ctx.progress is not None:
             completion = replace(completion, progress=ctx.progress)
         return completion
+
+    def _binding(self, job: Job) -> JobBinding:
+        return JobBinding(schema=self.schema, queue=job.queue, worker=job.worker, job_id=job.id)
+
+    def _opened(self, job: Job) -> Job:
+        """`job` with its args opened (a forwarded copy's by the forwarding rule), or
+        DecryptionError naming the key id: the perform never runs on an envelope."""
+        if not is_envelope(job.args):
+            return job
+        value = sealed_or_plain(job.args, self._binding(job), job.meta, "args")
+        args = value.open(self.keys)
+        if not isinstance(args, dict):  # sealed from a JSON object, so never for a real job
+            raise DecryptionError(self._binding(job), "args", value.envelope.get("kid"),
+                                  "the opened args are not a JSON object")  # fmt: skip
+        return replace(job, args=args)
+
+    def _open_parents(self) -> contextvars.Token[dict[int, Any]] | None:
+        """Open the sealed parents' results `ParentResults` handed on, for this task's
+        `current_job().parent_results`; None when there was nothing to open."""
+        results = loaded_parent_results()
+        if not any(isinstance(v, SealedValue) for v in results.values()):
+            return None
+        opened = {k: v.open(self.keys) if isinstance(v, SealedValue) else v
+                  for k, v in results.items()}  # fmt: skip
+        return set_parent_results(opened)
 
     def _cancelled(self, job: Job, duration: float) -> None:
         """The job's task was cancelled: by an operator's cancel, or by shutdown."""
@@ -302,7 +366,7 @@ class JobExecutor:
         return worker.resolved_max_attempts() if worker is not None else DEFAULT_MAX_ATTEMPTS
 
     async def _complete(
-        self, job: Job, worker: Worker | None, outcome: Any, duration: float
+        self, job: Job, worker: Worker | None, outcome: Any, duration: float, sealed: bool
     ) -> Completion:
         meta = {"job": job, "node": self.node}
         if isinstance(outcome, Snooze):
@@ -314,14 +378,14 @@ class JobExecutor:
         if isinstance(outcome, Cancel):
             telemetry.emit("job.cancel", {"duration": duration}, {**meta, "reason": outcome.reason})
             log.info("job %s (%s) cancelled by its worker: %s", job.id, job.worker,
-                     outcome.reason, extra=_fields(job))  # fmt: skip
+                     _describe(outcome, sealed), extra=_fields(job))  # fmt: skip
             entry = error_entry(job.attempt, outcome, with_traceback=False)
-            return Completion(job, JobState.CANCELLED, error=entry)
+            return Completion(job, JobState.CANCELLED, error=self._stored(job, entry, sealed))
         if isinstance(outcome, Discard):
             entry = error_entry(job.attempt, outcome, with_traceback=False)
-            return await self._discard(job, worker, entry, duration, outcome)
+            return await self._discard(job, worker, entry, duration, outcome, sealed)
         if isinstance(outcome, _Failure):
-            return await self._fail(job, worker, outcome.error, duration)
+            return await self._fail(job, worker, outcome.error, duration, sealed)
         telemetry.emit(
             "job.stop",
             {"duration": duration, "queue_time": _queue_time(job)},
@@ -330,15 +394,41 @@ class JobExecutor:
         log.debug("job %s (%s) completed in %.3fs", job.id, job.worker, duration,
                   extra=_fields(job))  # fmt: skip
         result_json, problem = _result_json(outcome, job)
+        if result_json is not None and getattr(worker, "encrypted_result", False) is True:
+            result_json, problem = self._sealed_result(job, result_json)
         # A result jsonb would refuse is not stored; the job completes (its perform did) with
         # an error entry that says why its result is missing.
         entry = None if problem is None else {
             "attempt": job.attempt, "error": problem, "traceback": ""}  # fmt: skip
         return Completion(job, JobState.COMPLETED, result_json=result_json, error=entry)
 
+    def _sealed_result(self, job: Job, result_json: str) -> tuple[str | None, str | None]:
+        """An `encrypted_result` worker's result as its envelope; never stored in plaintext:
+        without a ring the result is dropped with an error entry saying why."""
+        if self.keys is None:
+            return None, ("result not stored: the worker encrypts its results and this runner "
+                          "has no encryption keys (SHIGOTO_ENCRYPTION_KEYS)")  # fmt: skip
+        envelope = seal(json.loads(result_json), self._binding(job), "result", self.keys)
+        text = json.dumps(envelope, separators=(",", ":"))
+        problem = storable_problem(text)
+        return (None, f"result not storable: {problem}") if problem else (text, None)
+
+    def _stored(self, job: Job, entry: dict[str, Any], sealed: bool) -> dict[str, Any]:
+        """The error entry as written: an encrypted job's keeps only the exception type, its
+        message and traceback sealed in `sealed` (dropped when this runner has no key)."""
+        if not sealed or entry["error"].startswith(DecryptionError.__name__ + ":"):
+            return entry
+        kind = entry["error"].split(":", 1)[0]
+        stored = {"attempt": entry["attempt"], "error": kind, "traceback": ""}
+        if self.keys is not None:
+            detail = {"error": entry["error"], "traceback": entry["traceback"]}
+            stored["sealed"] = seal(detail, self._binding(job), "error", self.keys)
+        return stored
+
     async def _fail(
-        self, job: Job, worker: Worker | None, error: BaseException, duration: float
-    ) -> Completion:
+        self, job: Job, worker: Worker | None, error: BaseException, duration: float,
+        sealed: bool,
+    ) -> Completion:  # fmt: skip
         entry = error_entry(job.attempt, error)
         kind = "timeout" if isinstance(error, JobTimeoutError) else "failure"
         telemetry.emit(
@@ -348,18 +438,21 @@ class JobExecutor:
         )
         max_attempts = self._max_attempts(job, worker)
         if job.attempt >= max_attempts:
-            self._log_failure(job, error, kind, max_attempts, None)
-            return await self._discard(job, worker, entry, duration, error)
-        delay = await self._backoff(job, worker, error)
-        self._log_failure(job, error, kind, max_attempts, delay)
-        return Completion(job, JobState.RETRYABLE, delay=delay, error=entry)
+            self._log_failure(job, error, kind, max_attempts, None, sealed)
+            return await self._discard(job, worker, entry, duration, error, sealed)
+        delay = await self._backoff(job, worker, error, sealed)
+        self._log_failure(job, error, kind, max_attempts, delay, sealed)
+        return Completion(job, JobState.RETRYABLE, delay=delay,
+                          error=self._stored(job, entry, sealed))  # fmt: skip
 
     def _log_failure(
-        self, job: Job, error: BaseException, kind: str, max_attempts: int, delay: float | None
-    ) -> None:
-        """One INFO line per failed attempt; the traceback goes at `traceback_level`."""
+        self, job: Job, error: BaseException, kind: str, max_attempts: int, delay: float | None,
+        sealed: bool,
+    ) -> None:  # fmt: skip
+        """One INFO line per failed attempt; the traceback goes at `traceback_level` (never
+        for an encrypted job: it may quote the args)."""
         fields = {**_fields(job), "max_attempts": max_attempts, "kind": kind}
-        what = _describe(error)
+        what = _describe(error, sealed)
         if delay is None:
             log.info("job %s (%s) failed attempt %d of %d, no attempts left: %s", job.id,
                      job.worker, job.attempt, max_attempts, what, extra=fields)  # fmt: skip
@@ -369,18 +462,21 @@ class JobExecutor:
                      job.id, job.worker, job.attempt, max_attempts, delay,
                      next_at.isoformat(timespec="seconds"), what,
                      extra={**fields, "delay": delay, "next_at": next_at.isoformat()})  # fmt: skip
-        if log.isEnabledFor(self.traceback_level) and kind == "failure":
+        if log.isEnabledFor(self.traceback_level) and kind == "failure" and not sealed:
             log.log(self.traceback_level, "traceback of job %s (%s), attempt %d", job.id,
                     job.worker, job.attempt, exc_info=error, extra=fields)  # fmt: skip
 
-    async def _backoff(self, job: Job, worker: Worker | None, error: BaseException) -> float:
+    async def _backoff(
+        self, job: Job, worker: Worker | None, error: BaseException, sealed: bool
+    ) -> float:
         if worker is None:
             return default_backoff(job.attempt)
         try:
             delay = float(await self._callback(job, "backoff", worker.backoff, job.attempt, error))
-        except Exception:
-            log.exception("backoff of %s failed or timed out for job %s; using the default",
-                          job.worker, job.id, extra=_fields(job))  # fmt: skip
+        except Exception as exc:
+            log.error("backoff of %s failed or timed out for job %s; using the default: %s",
+                      job.worker, job.id, _describe(exc, sealed), exc_info=not sealed,
+                      extra=_fields(job))  # fmt: skip
             return default_backoff(job.attempt)
         return max(delay, 0.0)
 
@@ -391,31 +487,59 @@ class JobExecutor:
         entry: dict[str, Any],
         duration: float,
         error: BaseException,
+        sealed: bool = False,
     ) -> Completion:
         telemetry.emit(
             "job.discard", {"duration": duration}, {"job": job, "node": self.node, "error": error}
         )
         log.info("job %s (%s) discarded after attempt %d: %s", job.id, job.worker, job.attempt,
-                 _describe(error), extra=_fields(job))  # fmt: skip
+                 _describe(error, sealed), extra=_fields(job))  # fmt: skip
         if worker is not None:
             # The database stamps `at` on its own copy when the completion is written; give
-            # on_discard the final error in the same shape as the recorded ones.
+            # on_discard the final error in the same shape as the recorded ones (and, for an
+            # encrypted job, the earlier ones opened).
             final = {**entry, "at": datetime.now(UTC).isoformat()}
-            await self.on_discard(job, worker, [*job.errors, final])
-        return Completion(job, JobState.DISCARDED, error=entry)
+            await self.on_discard(job, worker, [*self._opened_errors(job), final], sealed)
+        return Completion(job, JobState.DISCARDED, error=self._stored(job, entry, sealed))
 
-    async def on_discard(self, job: Job, worker: Worker, errors: list[dict[str, Any]]) -> None:
-        """Call the worker's `on_discard` under the callback timeout; a failure is logged."""
+    def _opened_errors(self, job: Job) -> list[dict[str, Any]]:
+        """`job.errors` with each sealed detail opened where this runner can (an entry that
+        does not open stays as stored: it only describes a past attempt)."""
+        out = []
+        for entry in job.errors or []:
+            envelope = entry.get("sealed") if isinstance(entry, dict) else None
+            if is_envelope(envelope):
+                try:
+                    value = sealed_or_plain(envelope, self._binding(job), job.meta, "error")
+                    detail = value.open(self.keys)
+                    entry = {k: v for k, v in entry.items() if k != "sealed"} | detail
+                except DecryptionError:
+                    pass
+            out.append(entry)
+        return out
+
+    async def on_discard(
+        self, job: Job, worker: Worker, errors: list[dict[str, Any]], sealed: bool = False
+    ) -> None:
+        """Call the worker's `on_discard` under the callback timeout; a failure is logged.
+        Sealed args (a job the rescuer discarded) are opened first; if they cannot be, it is
+        not called: it never sees an envelope."""
+        try:
+            job = self._opened(job)
+        except DecryptionError as exc:
+            log.info("job %s (%s): on_discard not called: %s", job.id, job.worker, exc,
+                     extra=_fields(job))  # fmt: skip
+            return
         try:
             if worker.on_discard_is_async:
                 async with asyncio.timeout(self.callback_timeout):
                     await worker.on_discard(job.args, errors)
             else:
                 await self._callback(job, "on_discard", worker.on_discard, job.args, errors)
-        except Exception:
-            log.exception(
-                "on_discard of %s failed or timed out for job %s", job.worker, job.id,
-                extra=_fields(job),
+        except Exception as exc:
+            log.error(
+                "on_discard of %s failed or timed out for job %s: %s", job.worker, job.id,
+                _describe(exc, sealed), exc_info=not sealed, extra=_fields(job),
             )  # fmt: skip
 
     async def _callback(self, job: Job, what: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -444,8 +568,19 @@ def _fields(job: Job) -> dict[str, Any]:
     return {"job_id": job.id, "worker": job.worker, "queue": job.queue, "attempt": job.attempt}
 
 
-def _describe(error: BaseException) -> str:
+def _describe(error: BaseException, sealed: bool = False) -> str:
+    """How a log line names an error; for an encrypted job only its type (its message may
+    quote the args), except a DecryptionError, which names only key id and job."""
+    if sealed and not isinstance(error, DecryptionError):
+        return type(error).__name__
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+class _NoKeys:
+    """`keys=NO_KEYS`: an executor that holds no keys (sealed jobs fail to open)."""
+
+
+NO_KEYS = _NoKeys()
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,9 +37,10 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from shigoto.context import reset_parent_results, set_parent_results
-from shigoto.db import statements
+from shigoto.db import encryption_statements, statements
+from shigoto.encryption import JobBinding
+from shigoto.encryption.sealing import sealed_or_plain
 from shigoto.job import Job
-from shigoto.relations import workflows
 from shigoto.runtime.executor import Completion
 from shigoto.runtime.limiter import count_busy, lock_scope, scope_key
 from shigoto.worker import WorkerResolver, registered
@@ -232,6 +233,10 @@ class ParentResults:
 
     When they cannot be read (the database is away), the job is never run without them: it is
     handed back without consuming its attempt (or, if even that fails, left to the rescuer).
+
+    A sealed result (an `encrypted_result` parent) is handed on as a `SealedValue` bound to
+    its parent (a forwarded parent's by the forwarding rule); the executor opens it, so one
+    that does not open fails the attempt like sealed args.
     """
 
     def __init__(
@@ -243,7 +248,8 @@ class ParentResults:
         self._pool = pool
         self.stmts = stmts
         self.node = node
-        self.query = statements.compose(workflows.PARENT_RESULTS, stmts.schema)
+        self.query = encryption_statements.compose_schema(
+            encryption_statements.PARENT_RESULTS, stmts.schema)
 
     async def __call__(self, job: Job, call_next: Next) -> Completion | None:
         if not job.depends_on:
@@ -266,8 +272,12 @@ class ParentResults:
         assert pool is not None, "the runner is not running"
         async with pool.connection() as conn, conn.cursor() as cur:
             await cur.execute(self.query, {"ids": ids})
-            found = {row[0]: row[1] for row in await cur.fetchall()}
+            found = {row[0]: self._value(*row) for row in await cur.fetchall()}
         return {parent: found.get(parent) for parent in ids}
+
+    def _value(self, job_id: int, queue: str, worker: str, result: Any, meta: Any) -> Any:
+        own = JobBinding(schema=self.stmts.schema, queue=queue, worker=worker, job_id=job_id)
+        return sealed_or_plain(result, own, meta, "result")
 
     async def _put_back(self, job: Job) -> None:
         try:

@@ -33,6 +33,7 @@ from shigoto.cron.scheduler import CronScheduler, Schedule
 from shigoto.cron.scheduler import store as store_schedules
 from shigoto.db import statements
 from shigoto.db.migrate import current_version, latest_version, migrate
+from shigoto.encryption.sealing import process_ring
 from shigoto.errors import ConfigurationError, Error, MigrationError
 from shigoto.flow import RateLimit
 from shigoto.flow.codel import DEFAULT_INTERVAL as SHED_INTERVAL
@@ -283,6 +284,8 @@ class Runner:
             progress=self.progress.report,
             callbacks=self._callbacks, callback_timeout=self.callback_timeout,
             traceback_level=self.traceback_level,
+            # Keys read once, at start: a malformed SHIGOTO_ENCRYPTION_KEYS stops the runner.
+            schema=self.schema, keys=process_ring(),
         )  # fmt: skip
         # The bulkhead first: it costs no query and may spare the global limit's. Shedding's
         # latency sample last: the perform starts right after it.

@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 
 from shigoto import config, logs
+from shigoto.cli import rekey
 from shigoto.db import embedded
 from shigoto.errors import ConfigurationError, Error, ValidationError
 from shigoto.flow.codel import DEFAULT_INTERVAL as SHED_INTERVAL
@@ -358,6 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="the whole loop on an embedded PostgreSQL, no setup")
     _common(p)
+    rekey.add_parsers(sub, _common)
     return parser
 
 
@@ -661,5 +663,6 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "embedded": _embedded,
     "bench": _bench,
     "demo": _demo,
+    **rekey.COMMANDS,
 }
 

@@ -3,6 +3,7 @@ the one that still has work once the other is empty."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -12,7 +13,8 @@ import pytest
 import shigoto
 from tests.support import capacity_workers as w
 from tests.support.in_process import QUICK, in_process_runners
-from tests.support.waiting import until
+from tests.support.runner_process import RunnerProcess
+from tests.support.waiting import until, wait_until
 
 WORKERS = "tests.support.capacity_workers"
 DEADLINE = 60.0
@@ -101,3 +103,34 @@ async def test_without_a_capacity_each_queue_uses_its_own_concurrency(
 def test_a_bad_capacity_names_the_option() -> None:
     with pytest.raises(shigoto.ConfigurationError, match="capacity must be a whole number"):
         shigoto.Runner({"default": 1}, capacity=0, database_url="postgresql://unused")
+
+
+#: Perform intervals as the performs themselves saw them (not claim and acknowledgement times,
+#: which the completer's batching stretches): the most that overlapped any one start.
+MAX_OVERLAP = """
+SELECT coalesce(max(c), 0) FROM (
+    SELECT a.job_id, count(*) AS c FROM overlap_log a JOIN overlap_log b
+      ON b.started <= a.started AND coalesce(b.ended, 'infinity') > a.started
+    GROUP BY a.job_id
+) AS per_job
+"""
+
+
+@pytest.mark.slow
+def test_shigoto_run_caps_its_queues_together_with_the_capacity_flag(
+    conn: psycopg.Connection, runner_processes: Callable[..., RunnerProcess]
+) -> None:
+    conn.execute(
+        "CREATE TABLE overlap_log (job_id bigint, pid int, started timestamptz, ended timestamptz)"
+    )
+    worker = "tests.support.limit_workers.record_interval"
+    for queue in ("reports", "emails"):
+        shigoto.enqueue_many([{"worker": worker, "args": {"ms": 150}, "queue": queue}] * 12)
+    proc = runner_processes("--queue", "emails=8", "--capacity", "3",
+                            workers="tests.support.limit_workers", queue="reports=8")  # fmt: skip
+    wait_until(lambda: conn.execute(
+        "SELECT count(*) = 24 FROM shigoto_jobs WHERE state = 'completed'").fetchone() == (True,),
+        timeout=DEADLINE, message="every job done")  # fmt: skip
+    proc.signal(signal.SIGTERM)
+    assert proc.wait_exit(30) == 0, proc.output()
+    assert conn.execute(MAX_OVERLAP).fetchone() == (3,), "at most --capacity performs at once"

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
+from typing import Any
 
 import pytest
 
+from shigoto import telemetry
 from shigoto.errors import ConfigurationError
 from shigoto.flow.codel import CoDel, check_setting, level_floor
+from shigoto.job import Job, JobState
+from shigoto.runtime.producer import Producer
+from shigoto.runtime.shedding import Shedding
 
 TARGET = 0.1
 INTERVAL = 1.0
@@ -131,3 +137,57 @@ def test_bad_settings_are_refused_with_their_name(bad: object) -> None:
         check_setting("shed_interval", bad)
     with pytest.raises(ConfigurationError, match="shed_target"):
         CoDel(bad, INTERVAL)  # type: ignore[arg-type]
+
+
+# -- the runtime's use of the controller: floors of live producers and their events ----------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def shedding_producer() -> Producer:
+    async def never(*_: Any) -> Any:
+        raise AssertionError("no claim in a unit test")
+
+    return Producer("shed", 4, claim=never, execute=never, poll_interval=1.0, claim_batch=100,
+                    node="n")  # fmt: skip
+
+
+def job(job_id: int, priority: int) -> Job:
+    return Job(id=job_id, queue="shed", worker="w", args={}, state=JobState.EXECUTING,
+               priority=priority)  # fmt: skip
+
+
+async def test_the_runtime_raises_the_floor_announces_it_and_takes_it_back() -> None:
+    clock, producer, events = Clock(), shedding_producer(), []
+    handle = telemetry.attach(lambda _e, m, meta: events.append((m, meta)), ["shed.change"])
+    shedding = Shedding(TARGET, lambda: {"shed": producer}, "n", interval=INTERVAL,
+                        monotonic=clock)  # fmt: skip
+
+    async def start(job_id: int, priority: int, waited: float) -> None:
+        shedding.claimed([job(job_id, priority)])
+        clock.now += waited
+        await shedding(job(job_id, priority), lambda _j: asyncio.sleep(0))
+
+    try:
+        await start(1, 0, 0.3)
+        await start(2, 10, 0.5)
+        assert producer.min_priority is None  # above target, but not for an interval yet
+        await start(3, 10, 0.6)  # 1.4 s without a sample below target: one band shed
+        assert producer.min_priority == 10
+        await start(4, 10, 0.01)
+        await shedding.run_once()  # a start since the last tick: the samples speak
+        clock.now += 1.0
+        await shedding.run_once()  # idle with room for a whole interval: the band comes back
+        assert producer.min_priority is None
+    finally:
+        telemetry.detach(handle)
+    assert [(meta["shedding"], meta["min_priority"]) for _, meta in events] == [
+        (True, 10), (False, None),
+    ]  # fmt: skip
+    assert events[0][0] == {"latency": pytest.approx(0.6), "target": TARGET}

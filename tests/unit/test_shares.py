@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import itertools
 import random
+from typing import Any
 
 import pytest
 
 from shigoto.errors import ConfigurationError
 from shigoto.flow.shares import Demand, allocate, check_capacity, water_level
+from shigoto.runtime.capacity import Capacity
+from shigoto.runtime.producer import Producer
 
 
 def busy(weight: int, ceiling: int = 1000) -> Demand:
@@ -100,3 +103,34 @@ def test_no_capacity_means_no_split() -> None:
 def test_a_bad_weight_is_refused_and_says_how_to_set_it(bad: object) -> None:
     with pytest.raises(ConfigurationError, match=r"weight.*set_queue"):
         Demand(weight=bad, ceiling=4)  # type: ignore[arg-type]
+
+
+# -- the runtime's use of the split: shares of live producers ---------------------------------
+
+
+def producer(queue: str, concurrency: int, weight: int, running: int) -> Producer:
+    async def never(*_: Any) -> Any:
+        raise AssertionError("no claim in a unit test")
+
+    p = Producer(queue, concurrency, claim=never, execute=never, poll_interval=1.0,
+                 claim_batch=100, node="n")  # fmt: skip
+    p.weight = weight
+    p.running = {i: (None, None) for i in range(running)}  # type: ignore[misc]
+    return p
+
+
+def test_a_producer_claims_its_share_minus_its_running_jobs_within_the_capacity_left() -> None:
+    heavy, light = producer("heavy", 8, 3, running=2), producer("light", 8, 1, running=0)
+    capacity = Capacity(8, lambda: {"heavy": heavy, "light": light})
+    assert capacity.allocation() == {"heavy": 6, "light": 2}
+    assert capacity.share(heavy) == 4 and capacity.share(light) == 2
+    # Light ran alone on the whole capacity; heavy is back: it waits for light's jobs to end.
+    heavy.running, light.running = {}, {i: (None, None) for i in range(8)}  # type: ignore[misc]
+    assert capacity.share(heavy) == 0 and capacity.share(light) == 0
+
+
+def test_a_paused_queue_without_running_jobs_lends_its_whole_share() -> None:
+    heavy, light = producer("heavy", 8, 3, running=0), producer("light", 8, 1, running=0)
+    heavy.paused = True
+    capacity = Capacity(8, lambda: {"heavy": heavy, "light": light})
+    assert capacity.allocation() == {"heavy": 0, "light": 8}

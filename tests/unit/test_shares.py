@@ -55,6 +55,11 @@ def test_left_over_slots_go_to_the_largest_fractions_then_the_higher_weight() ->
     assert allocate(5, {"a": busy(2), "b": busy(1)}) == {"a": 3, "b": 2}
 
 
+def test_a_light_busy_queue_is_not_starved_while_the_capacity_has_a_slot_for_it() -> None:
+    # Fluid shares 3.64 and 0.36: rounding alone would give light nothing.
+    assert allocate(4, {"heavy": busy(10), "light": busy(1)}) == {"heavy": 3, "light": 1}
+
+
 def test_a_capacity_smaller_than_the_queues_gives_whole_slots_to_the_heaviest() -> None:
     assert allocate(1, {"a": busy(1), "b": busy(5)}) == {"a": 0, "b": 1}
 

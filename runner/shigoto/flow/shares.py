@@ -14,8 +14,10 @@ rising for the others. So:
 - no queue gets more than its ceiling, and the shares never add up to more than the capacity.
 
 Slots are whole: the level is computed exactly (fractions), each queue gets the whole part of
-its fluid share, and the few slots left over go to the largest fractional parts (ties: higher
-weight, then queue name), so the result is deterministic and fair within one slot.
+its fluid share, and the few slots left over go first to busy queues that would otherwise get
+none (no busy queue starves while the capacity has a slot for it), then to the largest
+fractional parts (ties: higher weight, then queue name). The result is deterministic and
+within one slot of the fluid share.
 
 Pure: the runtime says which queues have demand, and applies the result to its producers.
 """
@@ -98,10 +100,13 @@ def allocate(capacity: int, demands: Mapping[str, Demand]) -> dict[str, int]:
     slots = {name: int(share) for name, share in fluid.items()}  # floors: shares are >= 0
     target = min(capacity, sum(d.ceiling for d in demands.values() if d.active))
     left_over = target - sum(slots.values())
+    # A busy queue whose share rounds down to nothing comes first: with weights 10:1 and a
+    # capacity of 4, the light queue gets 1 slot rather than starve while the other is busy.
     by_remainder = sorted(
         (name for name in fluid if fluid[name] - slots[name] > 0),
-        key=lambda name: (-(fluid[name] - slots[name]), -demands[name].weight, name),
-    )
+        key=lambda name: (slots[name] > 0, -(fluid[name] - slots[name]),
+                          -demands[name].weight, name),
+    )  # fmt: skip
     for name in by_remainder[:left_over]:
         slots[name] += 1
     return slots

@@ -77,3 +77,13 @@ def slow(card: str, seconds: float = 0.05) -> dict[str, Any]:
 
     time.sleep(seconds)
     return {"ok": True}
+
+
+@shigoto.worker(queue="bench")
+async def bench_plain(n: int, card: str) -> None:
+    """The benchmark's plain job (tests/support/encryption_bench.py): nothing but the job."""
+
+
+@shigoto.worker(queue="bench", encrypted=True)
+async def bench_sealed(n: int, card: str) -> None:
+    """The benchmark's encrypted job: the same, sealed."""

@@ -103,6 +103,9 @@ def runner_args(spec: QueueSpec) -> list[str]:
     ]
     if spec.global_concurrency is not None:
         args += ["--global-concurrency", f"{q}={spec.global_concurrency}"]
+    if spec.runner.load_shedding is not None:
+        target, interval = spec.runner.load_shedding
+        args += ["--shed-target", f"{target:g}", "--shed-interval", f"{interval:g}"]
     return args
 
 

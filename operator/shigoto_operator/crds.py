@@ -363,6 +363,32 @@ QUEUE_SCHEMA: dict[str, Any] = {
                     maximum=65535,
                     default=8000,
                 ),
+                "loadShedding": {
+                    "type": "object",
+                    "description": "Load shedding (CoDel on claim-to-start latency): while "
+                    "even the shortest latency over `interval` stays above `target`, a pod "
+                    "stops claiming the lowest priorities first; shed jobs stay available for "
+                    "other pods. Unset: off.",
+                    "required": ["targetSeconds"],
+                    "properties": {
+                        "targetSeconds": {
+                            "type": "number",
+                            "description": "Latency a pod tolerates (seconds), e.g. 0.1.",
+                            "minimum": 0,
+                            "exclusiveMinimum": True,
+                            "maximum": 3600,
+                        },
+                        "intervalSeconds": {
+                            "type": "number",
+                            "description": "How long latency must stay above the target "
+                            "before a band is shed, and below it before one is taken back.",
+                            "minimum": 0,
+                            "exclusiveMinimum": True,
+                            "maximum": 3600,
+                            "default": 1,
+                        },
+                    },
+                },
             },
         },
         "autoscaling": {

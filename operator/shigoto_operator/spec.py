@@ -77,6 +77,9 @@ class RunnerSpec:
     pod_annotations: Mapping[str, str] | None = None
     shutdown_timeout_seconds: int = 15
     health_port: int = 8000
+    #: Load shedding: (target, interval) in seconds, passed as --shed-target and
+    #: --shed-interval; None: off.
+    load_shedding: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,7 +295,29 @@ def _runner(value: Any) -> RunnerSpec:
             maximum=3600,
         ),
         health_port=_integer(r.get("healthPort"), "runner.healthPort", minimum=1, maximum=65535),
+        load_shedding=_load_shedding(r.get("loadShedding")),
     )
+
+
+def _seconds(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
+        raise SpecError(field, f"must be a number of seconds above 0 and at most 3600, got "
+                        f"{value!r}")  # fmt: skip
+    return float(value)
+
+
+def _load_shedding(value: Any) -> tuple[float, float] | None:
+    if value is None:
+        return None
+    s = _object(value, "runner.loadShedding")
+    unknown = sorted(set(s) - {"targetSeconds", "intervalSeconds"})
+    if unknown:
+        raise SpecError(f"runner.loadShedding.{unknown[0]}", "give targetSeconds and "
+                        "intervalSeconds")  # fmt: skip
+    if s.get("targetSeconds") is None:
+        raise SpecError("runner.loadShedding.targetSeconds", "is required")
+    return (_seconds(s["targetSeconds"], "runner.loadShedding.targetSeconds"),
+            _seconds(s.get("intervalSeconds", 1), "runner.loadShedding.intervalSeconds"))
 
 
 def _autoscaling(value: Any) -> AutoscalingSpec:

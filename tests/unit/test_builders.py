@@ -360,3 +360,18 @@ def test_scaled_object_patch_only_when_it_differs() -> None:
     assert builders.scaled_object_patch(desired, live) == {}
     live["spec"]["maxReplicaCount"] = 99
     assert builders.scaled_object_patch(desired, live)["spec"] == {"maxReplicaCount": 10}
+
+
+def test_load_shedding_becomes_the_runner_flags() -> None:
+    runner = {"image": "w:1", "loadShedding": {"targetSeconds": 0.05}}
+    args = builders.runner_args(spec(runner=runner))
+    assert args[-4:] == ["--shed-target", "0.05", "--shed-interval", "1"]
+    assert "--shed-target" not in builders.runner_args(spec())
+
+
+def test_load_shedding_needs_a_positive_target() -> None:
+    from shigoto_operator.spec import SpecError
+
+    for bad in ({"intervalSeconds": 1}, {"targetSeconds": 0}, {"targetSeconds": 1, "x": 1}):
+        with pytest.raises(SpecError, match=r"runner\.loadShedding"):
+            spec(runner={"image": "w:1", "loadShedding": bad})

@@ -140,6 +140,32 @@ def test_status_shows_flow_settings_and_breakers_not_closed(
     assert "50/10s gcra per partition" in text.stdout
 
 
+async def test_the_pruner_forgets_idle_limiters_and_closed_breakers(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    """One limiter row per tenant ever seen would pile up: the pruner deletes those idle for a
+    day, and closed breakers untouched as long; busy or open ones stay."""
+    conn.execute("""
+        INSERT INTO shigoto_rate_limits (key, booked_to, updated_at) VALUES
+            ('worker:w:old', now() - interval '2 days', now() - interval '2 days'),
+            ('worker:w:booked', now() + interval '1 hour', now() - interval '2 days'),
+            ('worker:w:fresh', now(), now());
+        INSERT INTO shigoto_breakers (key, worker, status, updated_at) VALUES
+            ('worker:a', 'a', 'closed', now() - interval '2 days'),
+            ('worker:b', 'b', 'open', now() - interval '2 days'),
+            ('worker:c', 'c', 'closed', now());
+    """)  # fmt: skip
+    conn.commit()
+    async with AsyncConnectionPool(db_url, kwargs={"autocommit": True}, open=False) as pool:
+        pruner = Pruner(pool, statements.statements("public"), "test-node", interval=60,
+                        prune_after=3600, archive_retention=86400)  # fmt: skip
+        await pruner.run_once()
+    limiters = [r[0] for r in conn.execute("SELECT key FROM shigoto_rate_limits ORDER BY key")]
+    assert limiters == ["worker:w:booked", "worker:w:fresh"]
+    breakers = [r[0] for r in conn.execute("SELECT key FROM shigoto_breakers ORDER BY key")]
+    assert breakers == ["worker:b", "worker:c"]
+
+
 async def test_status_lists_live_runner_nodes(db_url: str) -> None:
     async with running(db_url, {"default": 3, "mail": 2}, shutdown_timeout=1) as runner:
         nodes = shigoto.status().nodes

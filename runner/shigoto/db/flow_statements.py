@@ -92,6 +92,28 @@ SELECT worker FROM {breakers}
 WHERE key = ANY(%(keys)s::text[]) AND blocked_until > clock_timestamp()
 """
 
+# The leader's pruner forgets limiters booked up to more than `after` seconds ago and breakers
+# closed and untouched that long: one row per partition key would otherwise pile up for every
+# tenant ever seen. A forgotten limiter or breaker starts afresh, as a new one would. Bounded
+# batches, like the pruning of jobs; SKIP LOCKED so a runner deciding on a row is never waited
+# for (that row is not idle anyway).
+FORGET_IDLE_LIMITERS = """
+DELETE FROM {limits} WHERE key IN (
+    SELECT key FROM {limits}
+    WHERE coalesce(booked_to, updated_at) < now() - make_interval(secs => %(after)s)
+      AND updated_at < now() - make_interval(secs => %(after)s)
+    LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+)
+"""
+
+FORGET_IDLE_BREAKERS = """
+DELETE FROM {breakers} WHERE key IN (
+    SELECT key FROM {breakers}
+    WHERE status = 'closed' AND updated_at < now() - make_interval(secs => %(after)s)
+    LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+)
+"""
+
 
 @functools.cache
 def compose(template: str, schema: str) -> str:
@@ -108,6 +130,7 @@ def compose(template: str, schema: str) -> str:
 
 
 __all__ = [
-    "BLOCKED_WORKERS", "DEFER", "DEFER_RESERVED", "HOLD_JOB", "LOCK_BREAKER", "LOCK_LIMITERS",
+    "BLOCKED_WORKERS", "DEFER", "DEFER_RESERVED", "FORGET_IDLE_BREAKERS",
+    "FORGET_IDLE_LIMITERS", "HOLD_JOB", "LOCK_BREAKER", "LOCK_LIMITERS",
     "READ_BREAKER", "SAVE_BREAKER", "SAVE_LIMITERS", "SLOT_META", "compose",
 ]  # fmt: skip

@@ -1,4 +1,5 @@
-"""Moves finished jobs to the archive after `prune_after`, and deletes archived jobs later.
+"""Moves finished jobs to the archive after `prune_after`, and deletes archived jobs later; also
+forgets idle rate limiters and closed circuit breakers a day after their last use.
 
 Ages are measured from when a job finished (not when it was inserted), and both steps work in
 bounded batches so a huge backlog never holds long locks.
@@ -14,9 +15,11 @@ from psycopg_pool import AsyncConnectionPool
 from shigoto import telemetry
 from shigoto._service import Service
 from shigoto.clock import SYSTEM, Clock, database_now
-from shigoto.db import statements
+from shigoto.db import flow_statements, statements
 
 PRUNE_BATCH = 10_000
+#: Seconds after which an idle rate limiter or a closed, untouched circuit breaker is forgotten.
+FLOW_STATE_TTL = 86_400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,7 @@ class Pruner(Service):
         self.node = node
         self.prune_after = prune_after
         self.archive_retention = archive_retention
+        self.flow_state_ttl = FLOW_STATE_TTL
 
     async def run_once(self) -> PruneResult:
         started = self.clock.monotonic()
@@ -68,6 +72,12 @@ class Pruner(Service):
                 deleted += cur.rowcount
                 if cur.rowcount < PRUNE_BATCH:
                     break
+            for template in (flow_statements.FORGET_IDLE_LIMITERS,
+                             flow_statements.FORGET_IDLE_BREAKERS):  # fmt: skip
+                await conn.execute(
+                    flow_statements.compose(template, self.stmts.schema),
+                    {"after": self.flow_state_ttl, "limit": PRUNE_BATCH},
+                )
         result = PruneResult(archived, deleted)
         telemetry.emit(
             "pruner.prune",

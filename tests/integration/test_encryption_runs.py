@@ -89,10 +89,19 @@ def test_every_insert_path_seals_args_and_the_caller_keeps_plaintext(
                                       ).fetchone()[0]  # fmt: skip
 
 
+async def test_the_async_twins_seal_too(conn: psycopg.Connection[Any]) -> None:
+    one = await shigoto.aenqueue(w.charge, {"card": SECRET})
+    [keyed] = await shigoto.aenqueue_many([{"worker": w.charge, "args": {"card": SECRET},
+                                            "unique": True}])  # fmt: skip
+    for job in (one, keyed):
+        stored = row(conn, job.id)
+        assert job.args == {"card": SECRET} and opened(stored["args"], stored) == job.args
+
+
 def test_plain_jobs_keep_the_single_statement() -> None:
     plain = w.plain.new({"card": "x"})
     sealed = w.charge.new({"card": "x"})
-    assert inserts.plan([plain]) == "one" and inserts.plan([sealed]) == "copy"
+    assert inserts.plan([plain]) == "one" and inserts.plan([sealed]) == "one_sealed"
     assert not plain.encrypted and sealed.encrypted
 
 

@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    if not args.database_url or "dbname" not in conninfo_to_dict(args.database_url):
+    if not args.database_url or not conninfo_to_dict(args.database_url).get("dbname"):
         parser.error("give --database-url (or SHIGOTO_DATABASE_URL) of a server to bench on")
     sealing.use_keys(KeyRing([os.urandom(32)]))
     name, url = _scratch(args.database_url)

@@ -14,7 +14,8 @@ Every job that reaches `shigoto_jobs` goes through `insert` or `ainsert`: valida
    notifies itself); a batch is a binary COPY of reserved ids; specs that carry a
    `unique_key` are inserted with `ON CONFLICT DO NOTHING`. An encrypted spec's args are
    sealed for its id, so it always takes a path that reserves ids first (one encrypted job is
-   a COPY of one row: plain jobs keep their single statement and pay nothing). A conflict,
+   two round trips: its id, then its INSERT; plain jobs keep their single statement and pay
+   nothing). A conflict,
    there or from a resolver, returns the existing job with `conflict=True`, its position listed in
    `Inserted.conflicts`;
 4. a NOTIFY per queue that got an available job (delivered at commit: a rolled-back insert
@@ -325,6 +326,29 @@ SELECT ins.id, ins.state, ins.scheduled_at, ins.inserted_at,
 FROM ins
 """
 
+# One sealed row: as `statements.insert_one`, with the id reserved beforehand (its args are
+# sealed for it, so the client must know it first); notifies itself, in one round trip.
+_INSERT_ONE_SEALED = """
+WITH input AS (
+    SELECT coalesce(%(scheduled_at)s::timestamptz,
+                    now() + make_interval(secs => %(delay)s::float8)) AS at
+), ins AS (
+    INSERT INTO {jobs} (id, queue, worker, args, state, priority, max_attempts, timeout,
+                        scheduled_at, tags, meta, depends_on, on_parent_failure, batch_id,
+                        partition_key)
+    SELECT %(id)s, %(queue)s, %(worker)s, %(args)s,
+           CASE WHEN input.at <= now() THEN {available} ELSE {scheduled} END,
+           %(priority)s, %(max_attempts)s, %(timeout)s, input.at, %(tags)s, %(meta)s,
+           %(depends_on)s::bigint[], %(on_parent_failure)s, %(batch_id)s, %(partition_key)s
+    FROM input
+    RETURNING id, queue, state, scheduled_at, inserted_at
+)
+SELECT ins.id, ins.state, ins.scheduled_at, ins.inserted_at,
+       CASE WHEN ins.state = {available}
+            THEN pg_notify({channel}, {schema_name} || '.' || ins.queue) END IS NULL AS _woke
+FROM ins
+"""
+
 _EXISTING = f"""
 SELECT {", ".join(JOB_COLUMNS)} FROM {{jobs}} WHERE unique_key = ANY(%(keys)s::text[])
 """
@@ -334,6 +358,7 @@ SELECT {", ".join(JOB_COLUMNS)} FROM {{jobs}} WHERE unique_key = ANY(%(keys)s::t
 class _Statements:
     insert_unique: str
     insert_one_unique: str
+    insert_one_sealed: str
     existing: str
 
 
@@ -342,6 +367,7 @@ def _own(schema: str) -> _Statements:
     return _Statements(
         insert_unique=statements.compose(_INSERT_UNIQUE, schema),
         insert_one_unique=statements.compose(_INSERT_ONE_UNIQUE, schema),
+        insert_one_sealed=statements.compose(_INSERT_ONE_SEALED, schema),
         existing=statements.compose(_EXISTING, schema),
     )
 
@@ -355,17 +381,22 @@ _COPY_TYPES = (
     "timestamptz", "text[]", "jsonb", "int8[]", "text", "int8", "text",
 )  # fmt: skip
 
-Plan = Literal["one", "one_unique", "copy", "unique"]
+Plan = Literal["one", "one_unique", "one_sealed", "copy", "unique"]
 
 
 def plan(specs: Sequence[InsertSpec]) -> Plan:
     """How to write: unique keys need ON CONFLICT (COPY has none); one row is a single
-    INSERT; anything else is a COPY. One encrypted row takes the many-row path of its kind:
-    its id must be reserved before its args can be sealed for it."""
-    one = len(specs) == 1 and not specs[0].encrypted
+    INSERT; anything else is a COPY. One encrypted row reserves its id first (its args are
+    sealed for it): a single INSERT with that id, or, with a unique key, the many-row path."""
     if any(s.unique_key is not None for s in specs):
-        return "one_unique" if one else "unique"
-    return "one" if one else "copy"
+        return "one_unique" if len(specs) == 1 and not specs[0].encrypted else "unique"
+    if len(specs) == 1:
+        return "one_sealed" if specs[0].encrypted else "one"
+    return "copy"
+
+
+def _sealed_params(spec: InsertSpec, job_id: int, schema: str) -> dict[str, Any]:
+    return {**spec.as_params(), "id": job_id, "args": _seal(spec, job_id, schema)}
 
 
 def _one_unique_params(spec: InsertSpec) -> dict[str, Any]:
@@ -645,6 +676,14 @@ def _write_many(
             return [(_job(specs[0], _one_row(specs[0], returned)), False)]
         cur.execute(own.existing, {"keys": [specs[0].unique_key]})
         return _written_unique(specs, [(None,)], set(), _by_key(cur.fetchall()))
+    if how == "one_sealed":  # its id first, then one statement that notifies itself
+        cur.execute(stmts.reserve_ids, {"count": 1})
+        reserved = cur.fetchone()
+        assert reserved is not None
+        cur.execute(own.insert_one_sealed, _sealed_params(specs[0], reserved[1][0], stmts.schema))
+        returned = cur.fetchone()
+        assert returned is not None
+        return [(_job(specs[0], _one_row(specs[0], returned)), False)]
     if not direct and len(specs) > 1:  # one row is atomic without a savepoint
         with context.conn.transaction():  # a savepoint in the caller's transaction
             return _write_many(cur, context, specs, direct=True)
@@ -741,6 +780,15 @@ async def _awrite_many(
             return [(_job(specs[0], _one_row(specs[0], returned)), False)]
         await cur.execute(own.existing, {"keys": [specs[0].unique_key]})
         return _written_unique(specs, [(None,)], set(), _by_key(await cur.fetchall()))
+    if how == "one_sealed":  # its id first, then one statement that notifies itself
+        await cur.execute(stmts.reserve_ids, {"count": 1})
+        reserved = await cur.fetchone()
+        assert reserved is not None
+        await cur.execute(own.insert_one_sealed,
+                          _sealed_params(specs[0], reserved[1][0], stmts.schema))
+        returned = await cur.fetchone()
+        assert returned is not None
+        return [(_job(specs[0], _one_row(specs[0], returned)), False)]
     if not direct and len(specs) > 1:  # one row is atomic without a savepoint
         async with context.conn.transaction():  # a savepoint in the caller's transaction
             return await _awrite_many(cur, context, specs, direct=True)

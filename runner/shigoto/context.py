@@ -42,6 +42,8 @@ class JobContext:
     max_attempts: int
     tags: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    #: The job's partition key (a tenant, an account), or None (docs/flow-control.md).
+    partition_key: str | None = None
     _progress_sink: Callable[[int], None] | None = field(default=None, repr=False)
     progress: int | None = None
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)

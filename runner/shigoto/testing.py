@@ -312,6 +312,7 @@ class Recorder:
             timeout=spec.timeout, scheduled_at=at, inserted_at=now, tags=list(spec.tags),
             meta=json.loads(spec.meta_json), unique_key=spec.unique_key,
             depends_on=list(spec.depends_on) or None, on_parent_failure=spec.on_parent_failure,
+            partition_key=spec.partition_key,
         )  # fmt: skip
 
     def _admitted(self, child: Job, now: datetime) -> Job:

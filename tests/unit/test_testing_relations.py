@@ -326,3 +326,10 @@ def test_a_batch_without_a_database_url_fails_before_its_block() -> None:
     ):
         patch.delenv("SHIGOTO_DATABASE_URL")
         shigoto.batch(callback=batch_done, callback_args={"name": "done"})
+
+
+def test_the_testing_modes_keep_the_partition_key() -> None:
+    with testing.manual() as recorded:
+        job = shigoto.enqueue(step, {"name": "a"}, partition_key="tenant-7")
+    assert job.partition_key == "tenant-7"
+    assert recorded.all_enqueued(step)[0].partition_key == "tenant-7"

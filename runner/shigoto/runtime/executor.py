@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import json
 import logging
 import re
@@ -57,7 +58,9 @@ from shigoto.encryption.sealing import (
 )
 from shigoto.errors import Cancel, Discard, JobTimeoutError, Outcome, Snooze
 from shigoto.job import Job, JobState
+from shigoto.middleware import execution_middleware
 from shigoto.runtime.isolation import perform_in_process
+from shigoto.runtime.middleware import UserChain
 from shigoto.runtime.threads import Threads
 from shigoto.worker import DEFAULT_MAX_ATTEMPTS, DEFAULT_TIMEOUT, Worker
 
@@ -311,11 +314,10 @@ class JobExecutor:
         deadline = asyncio.timeout(timeout)
         try:
             async with deadline:
-                if worker.is_async:
-                    return await worker.call(job.args)
-                if getattr(worker, "isolation", "thread") == "process":
-                    return await self._in_process(worker, ctx, deadline, timeout)
-                return await self._in_thread(worker, job, ctx)
+                middlewares = (*execution_middleware(), *getattr(worker, "middleware", ()))
+                if middlewares:  # user middleware, under the same deadline (docs/middleware.md)
+                    return await self._through(middlewares, job, worker, ctx, deadline)
+                return await self._dispatch(job, worker, ctx, deadline)
         except TimeoutError as exc:
             if deadline.expired():
                 raise JobTimeoutError(timeout) from exc
@@ -323,21 +325,48 @@ class JobExecutor:
         finally:
             reset_current(token)
 
-    async def _in_process(
-        self, worker: Worker, ctx: JobContext, deadline: asyncio.Timeout, timeout: float
+    async def _dispatch(
+        self, job: Job, worker: Worker, ctx: JobContext, deadline: asyncio.Timeout
     ) -> Any:
+        """The perform itself, where its kind runs it: loop, thread or child process."""
+        if worker.is_async:
+            return await worker.call(job.args)
+        if getattr(worker, "isolation", "thread") == "process":
+            own = ctx if job.args is ctx.args else replace(ctx, args=job.args)  # changed by a mw
+            return await self._in_process(worker, own, deadline)
+        return await self._in_thread(functools.partial(worker.call, job.args), job, ctx)
+
+    async def _through(
+        self, middlewares: tuple[Any, ...], job: Job, worker: Worker, ctx: JobContext,
+        deadline: asyncio.Timeout,
+    ) -> Any:  # fmt: skip
+        """The perform inside the job's user middleware chain. A sync perform on a thread is
+        handed over as such, so sync middleware runs with it on one thread; a process-isolated
+        perform's middleware runs in this process, around the child."""
+        on_thread = not worker.is_async and getattr(worker, "isolation", "thread") != "process"
+        chain = UserChain(
+            middlewares,
+            perform=lambda j: self._dispatch(j, worker, ctx, deadline),
+            on_thread=lambda fn: self._in_thread(fn, job, ctx),
+            sync_perform=(lambda j: worker.call(j.args)) if on_thread else None,
+        )
+        return await chain(job)
+
+    async def _in_process(self, worker: Worker, ctx: JobContext, deadline: asyncio.Timeout) -> Any:
         # Starting an interpreter and importing the worker is not the perform's time: the
-        # timeout starts when the child says it is ready, and the start has its own bound.
+        # timeout stops while the child starts (with its own bound), then resumes with what
+        # was left of it (middleware may have used some).
         loop = asyncio.get_running_loop()
-        deadline.reschedule(loop.time() + max(timeout, PROCESS_START_TIMEOUT))
+        left = (deadline.when() or loop.time()) - loop.time()
+        deadline.reschedule(loop.time() + max(left, PROCESS_START_TIMEOUT))
         return await perform_in_process(
             worker, ctx, ctx._progress_sink,
-            started=lambda: deadline.reschedule(loop.time() + timeout),
+            started=lambda: deadline.reschedule(loop.time() + left),
         )  # fmt: skip
 
-    async def _in_thread(self, worker: Worker, job: Job, ctx: JobContext) -> Any:
+    async def _in_thread(self, fn: Callable[[], Any], job: Job, ctx: JobContext) -> Any:
         call = contextvars.copy_context().run
-        future = self.threads.submit(call, worker.call, job.args)
+        future = self.threads.submit(call, fn)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:

@@ -18,20 +18,23 @@ The runner's own concerns are middlewares, outermost first:
 - `ParentResults`: for a job with `depends_on`, its parents' results (one query) for
   `current_job().parent_results`.
 
-Extension point (user middleware, a later issue): user middlewares, global (runner-wide) and
-per worker, sync or async, go between these and the terminal step, through `chain()`. They run
-inside the executor's outcome mapping so that, as for a perform, raising `Snooze`, `Cancel` or
-`Discard` short-circuits with that outcome, and any other exception counts as the job's failure
-(retried with backoff, discarded after its last attempt). A sync middleware runs on the job's
-thread. Internal middlewares never raise for a job: they short-circuit with `None` or pass.
+User middleware (`shigoto.middleware`, docs/middleware.md) is not part of this chain: it runs
+inside the executor, in `UserChain`, between the job's context being set and the perform, under
+the job's timeout. So it sees the job only once the internal middlewares admitted it, its
+exceptions go through the executor's outcome mapping like the perform's (`Snooze`, `Cancel`,
+`Discard` are outcomes, anything else a failure retried with backoff), and a timeout or an
+operator's cancel stops the whole chain. Internal middlewares never raise for a job: they
+short-circuit with `None` or pass.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -41,14 +44,17 @@ from shigoto.db import encryption_statements, statements
 from shigoto.encryption import JobBinding
 from shigoto.encryption.sealing import sealed_or_plain
 from shigoto.job import Job
-from shigoto.runtime.executor import Completion
+from shigoto.middleware import ExecutionMiddleware, is_async
 from shigoto.runtime.limiter import count_busy, lock_scope, scope_key
 from shigoto.worker import WorkerResolver, registered
+
+if TYPE_CHECKING:  # the executor imports this module for UserChain
+    from shigoto.runtime.executor import Completion
 
 log = logging.getLogger("shigoto.runner")
 
 #: The rest of the chain, as seen by one middleware.
-Next = Callable[[Job], Awaitable[Completion | None]]
+Next = Callable[[Job], Awaitable["Completion | None"]]
 
 
 class Middleware(Protocol):
@@ -289,7 +295,79 @@ class ParentResults:
             log.warning("could not hand job %s back: %s", job.id, exc)
 
 
+#: Runs a plain function on a thread of the job's own, in a copy of the job's context, and
+#: awaits it (the executor's `_in_thread`: a timeout or cancel abandons the thread).
+OnThread = Callable[[Callable[[], Any]], Awaitable[Any]]
+
+
+class UserChain:
+    """One job's user middleware around its perform; called as `await chain(job)`, it returns
+    what the outermost middleware returned (the job's result) or raises what it raised.
+
+    Each middleware runs where its kind belongs: `async def` ones on the event loop, sync ones
+    on a thread. Consecutive sync middlewares share one thread, and so does a sync perform
+    after them, which `call_next` then calls directly: a chain of sync middlewares around a sync
+    perform costs the one thread the perform alone would. Where a sync middleware's next step is
+    async, `call_next` blocks its thread on that step, run on the loop through
+    `run_coroutine_threadsafe` in the thread's context (so `current_job()` and context
+    variables it set are seen there). If the job times out or is cancelled, the awaiting step is
+    cancelled as usual, every step bridged to the loop is cancelled with it, and a thread still
+    inside sync middleware is abandoned like a sync perform's (its `current_job().cancelled`
+    turns True).
+    """
+
+    def __init__(
+        self,
+        middlewares: Sequence[ExecutionMiddleware],
+        perform: Callable[[Job], Awaitable[Any]],
+        on_thread: OnThread,
+        sync_perform: Callable[[Job], Any] | None = None,
+    ) -> None:
+        """`perform(job)` runs the perform as the executor would; `sync_perform(job)`, given
+        for a sync perform meant for a thread, runs it on the calling thread instead."""
+        self.middlewares = tuple(middlewares)
+        self.kinds = tuple(is_async(mw) for mw in self.middlewares)
+        self.perform = perform
+        self.sync_perform = sync_perform
+        self.on_thread = on_thread
+        self.loop = asyncio.get_running_loop()
+        self._bridged: set[concurrent.futures.Future[Any]] = set()
+
+    async def __call__(self, job: Job) -> Any:
+        return await self._from(0, job)
+
+    async def _from(self, i: int, job: Job) -> Any:
+        """Run the chain from step `i` (the perform when past the last middleware)."""
+        if i == len(self.middlewares):
+            return await self.perform(job)
+        if self.kinds[i]:
+            return await self.middlewares[i](job, functools.partial(self._from, i + 1))
+        try:
+            return await self.on_thread(functools.partial(self._sync_from, i, job))
+        except asyncio.CancelledError:
+            for future in list(self._bridged):
+                future.cancel()
+            raise
+
+    def _sync_from(self, i: int, job: Job) -> Any:
+        """Step `i` on the job's thread: a sync middleware or the sync perform are called
+        here; an async step is run on the loop while this thread waits for it."""
+        if i == len(self.middlewares) and self.sync_perform is not None:
+            return self.sync_perform(job)
+        if i == len(self.middlewares) or self.kinds[i]:
+            return self._bridge(i, job)
+        return self.middlewares[i](job, functools.partial(self._sync_from, i + 1))
+
+    def _bridge(self, i: int, job: Job) -> Any:
+        future = asyncio.run_coroutine_threadsafe(self._from(i, job), self.loop)
+        self._bridged.add(future)
+        try:
+            return future.result()
+        finally:
+            self._bridged.discard(future)
+
+
 __all__ = [
-    "GlobalLimits", "Middleware", "Next", "ParentResults", "PrepareWorker", "ProgressWriter",
-    "StuckThreadsGuard", "chain",
+    "GlobalLimits", "Middleware", "Next", "OnThread", "ParentResults", "PrepareWorker",
+    "ProgressWriter", "StuckThreadsGuard", "UserChain", "chain",
 ]  # fmt: skip

@@ -29,6 +29,12 @@ from shigoto.errors import (
 )
 from shigoto.flow import CircuitBreaker, RateLimit
 from shigoto.job import Job, JobState
+from shigoto.middleware import (
+    remove_enqueue_middleware,
+    remove_middleware,
+    use_enqueue_middleware,
+    use_middleware,
+)
 from shigoto.ops.operations import (
     acancel_by,
     aprune,
@@ -90,10 +96,14 @@ __all__ = [
     "migrate",
     "pause_queue",
     "prune",
+    "remove_enqueue_middleware",
+    "remove_middleware",
     "resume_queue",
     "retry_by",
     "set_queue",
     "status",
+    "use_enqueue_middleware",
+    "use_middleware",
     "worker",
     "workflow",
 ]

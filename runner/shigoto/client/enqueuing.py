@@ -3,18 +3,26 @@
 Validation lives in `jobspec` (pure), the write in `db.inserts` (the one insert path, shared
 with cron). What is left here is choosing the connection, so the sync and async twins are thin
 copies of each other: everything they do besides I/O is in the plain functions they share.
+
+Enqueue middleware (`shigoto.middleware.use_enqueue_middleware`) wraps the write here, between
+validation and `db.inserts`: `through` / `athrough` run the registered chain over the batch of
+validated specs, so it sees one spec for `enqueue`, the whole batch for `enqueue_many` (and
+`shigoto.batch`), and one level at a time for a workflow. It runs in inline and manual testing
+modes too, so users' tests see what production writes. Cron slots, inserted by the scheduler
+straight through `db.inserts`, do not pass through it. With none registered, the cost is one
+truth test.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import psycopg
 
-from shigoto import config, jobspec, signatures
+from shigoto import config, jobspec, middleware, signatures
 from shigoto.db import database, inserts
 from shigoto.errors import ValidationError
 from shigoto.job import Job
@@ -57,10 +65,46 @@ def _target(schema: str | None, database_url: str | None, conn: Any) -> tuple[st
 
 
 def _one(jobs: list[Job]) -> Job:
-    """enqueue's job; an insert hook may have dropped it (`db.inserts.HOOKS`)."""
+    """enqueue's job; an insert hook (`db.inserts.HOOKS`) or enqueue middleware may have
+    dropped it."""
     if not jobs:
-        raise ValidationError("worker", "the job was refused by an insert hook; nothing written")
+        raise ValidationError(
+            "worker", "the job was refused by an insert hook or enqueue middleware; nothing "
+            "written",
+        )  # fmt: skip
     return jobs[0]
+
+
+Write = Callable[[list[JobSpec]], list[Job]]
+AsyncWrite = Callable[[list[JobSpec]], Awaitable[list[Job]]]
+
+
+def through(specs: list[JobSpec], write: Write) -> list[Job]:
+    """`write(specs)` inside the sync enqueue middleware chain (outermost first)."""
+    if not middleware.enqueue_middleware():
+        return write(specs)
+    chain = middleware.sync_enqueue_chain()
+
+    def step(i: int) -> Write:
+        if i == len(chain):
+            return write
+        return lambda batch: chain[i](list(batch), step(i + 1))
+
+    return step(0)(specs)
+
+
+async def athrough(specs: list[JobSpec], write: AsyncWrite) -> list[Job]:
+    """`await write(specs)` inside the async enqueue middleware chain."""
+    if not middleware.enqueue_middleware():
+        return await write(specs)
+    chain = middleware.async_enqueue_chain()
+
+    def step(i: int) -> AsyncWrite:
+        if i == len(chain):
+            return write
+        return lambda batch: chain[i](list(batch), step(i + 1))
+
+    return await step(0)(specs)
 
 
 # -- sync ----------------------------------------------------------------------------------
@@ -95,9 +139,7 @@ def enqueue(
         depends_on=depends_on, on_parent_failure=on_parent_failure, batch=batch,
         partition_key=partition_key, **unknown,
     ))  # fmt: skip
-    if interceptor is not None:
-        return interceptor.record([spec])[0]
-    return _one(_write(conn, database_url, schema, [spec], "enqueue"))
+    return _one(through([spec], _writer(conn, database_url, schema, "enqueue")))
 
 
 def enqueue_many(
@@ -113,9 +155,19 @@ def enqueue_many(
     specs = _specs(jobs, batch)
     if not specs:
         return []
+    return through(specs, _writer(conn, database_url, schema, "enqueue_many"))
+
+
+def _writer(
+    conn: psycopg.Connection[Any] | None,
+    database_url: str | None,
+    schema: str | None,
+    source: inserts.Source,
+) -> Write:
+    """What writes the specs: the testing interceptor if set, else the insert path."""
     if interceptor is not None:
-        return interceptor.record(specs)
-    return _write(conn, database_url, schema, specs, "enqueue_many")
+        return interceptor.record
+    return lambda specs: _write(conn, database_url, schema, specs, source)
 
 
 def _write(
@@ -166,9 +218,7 @@ async def aenqueue(
         depends_on=depends_on, on_parent_failure=on_parent_failure, batch=batch,
         partition_key=partition_key, **unknown,
     ))  # fmt: skip
-    if interceptor is not None:
-        return (await interceptor.arecord([spec]))[0]
-    return _one(await _awrite(conn, database_url, schema, [spec], "enqueue"))
+    return _one(await athrough([spec], _awriter(conn, database_url, schema, "enqueue")))
 
 
 async def aenqueue_many(
@@ -183,9 +233,19 @@ async def aenqueue_many(
     specs = _specs(jobs, batch)
     if not specs:
         return []
+    return await athrough(specs, _awriter(conn, database_url, schema, "enqueue_many"))
+
+
+def _awriter(
+    conn: psycopg.AsyncConnection[Any] | None,
+    database_url: str | None,
+    schema: str | None,
+    source: inserts.Source,
+) -> AsyncWrite:
+    """What writes the specs on the async path: the testing interceptor, or the insert path."""
     if interceptor is not None:
-        return await interceptor.arecord(specs)
-    return await _awrite(conn, database_url, schema, specs, "enqueue_many")
+        return interceptor.arecord
+    return lambda specs: _awrite(conn, database_url, schema, specs, source)
 
 
 async def _awrite(

@@ -128,7 +128,8 @@ class Workflow:
         schema: str | None,
     ) -> dict[str, Job]:
         if enqueuing.interceptor is not None:  # a testing mode: no database to name
-            return self._insert(levels, enqueuing.interceptor.record)
+            record = enqueuing.interceptor.record
+            return self._insert(levels, lambda specs: enqueuing.through(specs, record))
         name, url = enqueuing._target(schema, database_url, conn)
         if conn is not None:
             if inserts._caller_commits(conn):
@@ -141,8 +142,11 @@ class Workflow:
 
     @staticmethod
     def _writer(conn: psycopg.Connection[Any], schema: str) -> Any:
-        def write(specs: list[JobSpec]) -> list[Job]:
+        def insert(specs: list[JobSpec]) -> list[Job]:
             return inserts.insert(conn, specs, schema=schema, source="enqueue_many").jobs
+
+        def write(specs: list[JobSpec]) -> list[Job]:  # each level through enqueue middleware
+            return enqueuing.through(specs, insert)
 
         return write
 
@@ -186,7 +190,7 @@ class Workflow:
             jobs: dict[str, Job] = {}
             for level in levels:
                 specs = [self._spec(n, [jobs[p].id for p in self._after[n]]) for n in level]
-                recorded = await enqueuing.interceptor.arecord(specs)
+                recorded = await enqueuing.athrough(specs, enqueuing.interceptor.arecord)
                 jobs.update(zip(level, self._written(specs, recorded), strict=True))
             return jobs
         name, url = enqueuing._target(schema, database_url, conn)
@@ -203,11 +207,14 @@ class Workflow:
     async def _ainsert(
         self, conn: psycopg.AsyncConnection[Any], schema: str, levels: list[list[str]]
     ) -> dict[str, Job]:
+        async def insert(specs: list[JobSpec]) -> list[Job]:
+            return (await inserts.ainsert(conn, specs, schema=schema, source="enqueue_many")).jobs
+
         jobs: dict[str, Job] = {}
         for level in levels:
             specs = [self._spec(n, [jobs[p].id for p in self._after[n]]) for n in level]
-            written = await inserts.ainsert(conn, specs, schema=schema, source="enqueue_many")
-            jobs.update(zip(level, self._written(specs, written.jobs), strict=True))
+            written = await enqueuing.athrough(specs, insert)  # through enqueue middleware
+            jobs.update(zip(level, self._written(specs, written), strict=True))
         return jobs
 
     def __repr__(self) -> str:

@@ -75,6 +75,12 @@ PROCESS_START_TIMEOUT = 60.0
 CALLBACK_THREADS = 4
 
 
+class _ProcessRing:
+    """`keys=PROCESS_RING`: the process's ring (`shigoto.encryption.sealing.process_ring`)."""
+
+
+PROCESS_RING = _ProcessRing()
+
 @dataclass(frozen=True, slots=True)
 class Completion:
     """The outcome of one attempt, as the completer writes it."""
@@ -190,14 +196,13 @@ class JobExecutor:
         callback_timeout: float = CALLBACK_TIMEOUT,
         traceback_level: int = logging.DEBUG,
         schema: str = "public",
-        keys: KeyRing | _NoKeys | None = None,
+        keys: KeyRing | _ProcessRing | None = PROCESS_RING,
     ) -> None:
-        """`schema` binds sealed values to their jobs; `keys` opens and seals them (None: the
-        process ring, `SHIGOTO_ENCRYPTION_KEYS` read once; `NO_KEYS`: none)."""
+        """`schema` binds sealed values to their jobs; `keys` opens and seals them (None: no
+        keys, sealed jobs fail to open; `PROCESS_RING`: `SHIGOTO_ENCRYPTION_KEYS`, read once)."""
         self.node = node
         self.schema = schema
-        self.keys: KeyRing | None = process_ring() if keys is None else (
-            None if isinstance(keys, _NoKeys) else keys)  # fmt: skip
+        self.keys = process_ring() if isinstance(keys, _ProcessRing) else keys
         self.resolve = resolve
         self.threads = threads
         self.progress = progress
@@ -604,12 +609,6 @@ def _describe(error: BaseException, sealed: bool = False) -> str:
         return type(error).__name__
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
-
-class _NoKeys:
-    """`keys=NO_KEYS`: an executor that holds no keys (sealed jobs fail to open)."""
-
-
-NO_KEYS = _NoKeys()
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,22 +10,25 @@ ALTER TABLE shigoto_queues ADD COLUMN IF NOT EXISTS encrypted boolean NOT NULL D
 
 -- One call per INSERT statement, not per row: a transition table holds the statement's rows,
 -- and a schema without encrypted queues returns after one lookup in the (small) queue table,
--- so plain COPYs of thousands of rows pay one call. Rows already sealed (the marker key) pass;
--- so do forwarded copies (`meta.forwarded_from`): forwarding copies args verbatim, the
--- database holds no key to seal them, and refusing would block the completion that forwards.
+-- so plain COPYs of thousands of rows pay one call. Rows already sealed (the marker key) pass.
+-- So do the rows the database makes itself: a forwarded copy (copying args verbatim) and a
+-- batch callback (args from shigoto_batches), inserted from a trigger (pg_trigger_depth() > 1)
+-- or from the seal of a batch whose jobs all finished, and marked in their meta. It holds no
+-- key to seal them, and refusing would fail the completion that made them, over and over.
 -- SET search_path FROM CURRENT pins the schema the migration ran in.
 CREATE OR REPLACE FUNCTION shigoto_jobs_refuse_plaintext() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     refused text;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM shigoto_queues WHERE encrypted) THEN
+    IF pg_trigger_depth() > 1 OR NOT EXISTS (SELECT 1 FROM shigoto_queues WHERE encrypted) THEN
         RETURN NULL;
     END IF;
     SELECT n.queue INTO refused
     FROM shigoto_inserted_rows n
     JOIN shigoto_queues q ON q.name = n.queue AND q.encrypted
-    WHERE NOT (n.args ? '$shigoto_enc') AND NOT (n.meta ? 'forwarded_from')
+    WHERE NOT (n.args ? '$shigoto_enc')
+      AND NOT (n.meta ? 'forwarded_from') AND NOT (n.meta ? 'batch_callback')
     LIMIT 1;
     IF refused IS NOT NULL THEN
         -- The client maps this constraint name to EncryptedQueueError; DETAIL is the queue.

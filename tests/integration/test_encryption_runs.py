@@ -312,6 +312,25 @@ async def test_a_forwarded_encrypted_job_opens_in_its_dead_letter_queue(
     assert SECRET not in json.dumps(copy["meta"])  # the copied errors hold no plaintext
 
 
+async def test_the_databases_own_copies_into_an_encrypted_queue_are_not_refused(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    """A forwarded copy and a batch callback are inserted by the database, which holds no key:
+    the guard lets them through rather than failing the completions that make them."""
+    shigoto.set_queue("vault", encrypted=True)
+    shigoto.set_queue("open", forward={"discarded": "vault"})
+    failing = shigoto.enqueue(w.plain_fails, {"card": "x"}, queue="open")
+    with shigoto.batch(callback=w.batch_done, callback_args={"card": "cb"},
+                       callback_options={"queue": "vault"}) as b:  # fmt: skip
+        member = b.enqueue(w.charge, {"card": SECRET})
+    async with running(db_url, {"open": 1, "default": 2}, imports=IMPORTS):
+        await until(lambda: state_of(conn, failing.id, "discarded"), message="discarded")
+        await until(lambda: state_of(conn, member.id, "completed"), message="member done")
+        await until(lambda: conn.execute("SELECT count(*) FROM shigoto_jobs WHERE queue = "
+                                         "'vault'").fetchone() == (2,),
+                    message="copy and callback in the encrypted queue")  # fmt: skip
+
+
 async def test_a_child_gets_its_parents_sealed_results_opened(
     db_url: str, conn: psycopg.Connection[Any]
 ) -> None:

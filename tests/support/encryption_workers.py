@@ -87,3 +87,15 @@ async def bench_plain(n: int, card: str) -> None:
 @shigoto.worker(queue="bench", encrypted=True)
 async def bench_sealed(n: int, card: str) -> None:
     """The benchmark's encrypted job: the same, sealed."""
+
+
+@shigoto.worker(max_attempts=1)
+def plain_fails(card: str) -> None:
+    """Not encrypted; fails once, to be forwarded."""
+    raise RuntimeError("declined")
+
+
+@shigoto.worker
+def batch_done(card: str, batch: dict[str, Any]) -> None:
+    """A plain batch callback."""
+    SEEN.append(("batch_done", {"card": card, "total": batch["total"]}))

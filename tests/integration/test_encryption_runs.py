@@ -27,6 +27,7 @@ from shigoto.encryption import (
     sealing,
     unseal,
 )
+from shigoto.encryption.rekey import rekey
 from shigoto.relations import unique
 from tests.support import encryption_workers as w
 from tests.support.encryption_workers import SECRET
@@ -329,6 +330,27 @@ async def test_the_databases_own_copies_into_an_encrypted_queue_are_not_refused(
         await until(lambda: conn.execute("SELECT count(*) FROM shigoto_jobs WHERE queue = "
                                          "'vault'").fetchone() == (2,),
                     message="copy and callback in the encrypted queue")  # fmt: skip
+
+
+async def test_rekey_reseals_error_details_and_a_forwarded_copys_originals(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    shigoto.set_queue("enc-main", forward={"discarded": "enc-dead"})
+    job = shigoto.enqueue(w.leaky, {"card": SECRET}, queue="enc-main")
+    async with running(db_url, {"enc-main": 1}, imports=IMPORTS):
+        await until(lambda: state_of(conn, job.id, "discarded"), message="job discarded")
+    result = rekey(conn, KeyRing([KEY_B, KEY_A]))
+    assert result.complete and result.tables[0].rows == 2
+    original = row(conn, job.id)
+    [copy_id] = conn.execute("SELECT id FROM shigoto_jobs WHERE id <> %s", (job.id,)).fetchone()
+    copy = row(conn, copy_id)
+    only_b = KeyRing([KEY_B])  # key A dropped: everything still opens
+    binding = JobBinding("public", "enc-main", w.leaky.name, job.id)
+    for entries in (original["errors"], copy["meta"]["forwarded_from"]["errors"]):
+        assert [envelope_kid(e["sealed"]) for e in entries] == [KEY_B.kid, KEY_B.kid]
+        assert SECRET in unseal(entries[0]["sealed"], binding, "error", only_b)["error"]
+    assert unseal(copy["args"], binding, "args", only_b) == {"card": SECRET}
+    assert copy["meta"]["forwarded_from"]["id"] == job.id  # the rest of meta untouched
 
 
 async def test_a_child_gets_its_parents_sealed_results_opened(

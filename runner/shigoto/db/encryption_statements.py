@@ -17,13 +17,18 @@ from psycopg import sql
 TABLES = ("shigoto_jobs", "shigoto_jobs_archive")
 
 # A row is stale when a column (or the previous row's result that forwarding copied into meta)
-# is an envelope naming a key other than the newest. `?` on a non-object jsonb is false, so
+# is an envelope naming a key other than the newest, or an error entry's sealed detail (its own,
+# or the original's that forwarding copied) does. `?` on a non-object jsonb is false, so
 # plain values and NULL results never match.
 _STALE = """(
     (args ? '$shigoto_enc' AND args ->> 'kid' IS DISTINCT FROM %(kid)s)
     OR (result ? '$shigoto_enc' AND result ->> 'kid' IS DISTINCT FROM %(kid)s)
     OR (meta #> '{{forwarded_from,result}}' ? '$shigoto_enc'
         AND meta #>> '{{forwarded_from,result,kid}}' IS DISTINCT FROM %(kid)s)
+    OR jsonb_path_exists(errors, '$[*].sealed ? (@.kid != $kid)',
+                         jsonb_build_object('kid', %(kid)s::text))
+    OR jsonb_path_exists(meta, '$.forwarded_from.errors[*].sealed ? (@.kid != $kid)',
+                         jsonb_build_object('kid', %(kid)s::text))
 )"""
 
 # One batch: the next stale rows after the keyset cursor, locked for this transaction.
@@ -32,7 +37,7 @@ _STALE = """(
 # now is skipped instead of waited for, so rekey never blocks a runner and is never blocked.
 # Both leave such rows stale: the counts below report them and the next run takes them.
 SELECT_BATCH = f"""
-SELECT id, queue, worker, args, result, meta
+SELECT id, queue, worker, args, result, meta, errors
 FROM {{table}}
 WHERE id > %(after)s AND state <> 'executing' AND {_STALE}
 ORDER BY id
@@ -40,16 +45,20 @@ LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 """
 
-# The batch's new envelopes, one jsonb object per row: {"id", "changes": {"args"?, "result"?,
-# "forwarded_result"?}}. A column absent from `changes` keeps its value (a JSON null result is
-# not turned into SQL NULL); meta changes only at the one path forwarding wrote.
+# The batch's new values, one jsonb object per row: {"id", "changes": {"args"?, "result"?,
+# "errors"?, "forwarded_result"?, "forwarded_errors"?}}. A column absent from `changes` keeps its
+# value (a JSON null result is not turned into SQL NULL); meta changes only at the paths
+# forwarding wrote (jsonb_set_lax returns meta unchanged when no forwarded errors changed).
 UPDATE_BATCH = """
 UPDATE {table} AS j
 SET args = CASE WHEN r.changes ? 'args' THEN r.changes -> 'args' ELSE j.args END,
     result = CASE WHEN r.changes ? 'result' THEN r.changes -> 'result' ELSE j.result END,
-    meta = CASE WHEN r.changes ? 'forwarded_result'
-                THEN jsonb_set(j.meta, '{{forwarded_from,result}}', r.changes -> 'forwarded_result')
-                ELSE j.meta END
+    errors = CASE WHEN r.changes ? 'errors' THEN r.changes -> 'errors' ELSE j.errors END,
+    meta = jsonb_set_lax(
+        CASE WHEN r.changes ? 'forwarded_result'
+             THEN jsonb_set(j.meta, '{{forwarded_from,result}}', r.changes -> 'forwarded_result')
+             ELSE j.meta END,
+        '{{forwarded_from,errors}}', r.changes -> 'forwarded_errors', true, 'return_target')
 FROM jsonb_to_recordset(%(rows)s) AS r(id bigint, changes jsonb)
 WHERE j.id = r.id
 """

@@ -13,6 +13,10 @@ keys. Rekey is split in two:
 
 A value keeps the binding it was opened with (its job, or a forwarded copy's original), so
 re-sealing never changes who may open it. Plain (unsealed) values are left as they are.
+
+Sealed places of a row: `args`, `result`, the sealed details of its `errors` entries (an
+encrypted job's exception messages, see `runtime.executor`), and, in a forwarded copy's meta,
+the original's `result` and `errors`.
 """
 
 from __future__ import annotations
@@ -57,11 +61,13 @@ class RekeyRow:
     args: Any
     result: Any
     meta: Any
+    errors: Any = None
 
 
 @dataclass(frozen=True)
 class RowChange:
-    """The new envelopes of one row, by place: `args`, `result`, `forwarded_result`."""
+    """The new values of one row, by place: `args`, `result`, `forwarded_result` (envelopes);
+    `errors`, `forwarded_errors` (whole arrays, their sealed details re-sealed)."""
 
     id: int
     changes: dict[str, Any]
@@ -109,7 +115,7 @@ def _plan_row(row: RekeyRow, ring: KeyRing, schema: str) -> dict[str, Any]:
     places: list[tuple[str, Field, Any]] = [
         ("args", "args", row.args),
         ("result", "result", row.result),
-        ("forwarded_result", "result", _forwarded_result(row.meta)),
+        ("forwarded_result", "result", _forwarded(row.meta, "result")),
     ]
     changes: dict[str, Any] = {}
     for place, column, value in places:
@@ -117,12 +123,33 @@ def _plan_row(row: RekeyRow, ring: KeyRing, schema: str) -> dict[str, Any]:
             continue
         binding = binding_for(own, row.meta, value)
         changes[place] = seal(unseal(value, binding, column, ring), binding, column, ring)
+    for place, entries in (("errors", row.errors),
+                           ("forwarded_errors", _forwarded(row.meta, "errors"))):  # fmt: skip
+        resealed = _resealed_errors(entries, own, row.meta, ring)
+        if resealed is not None:
+            changes[place] = resealed
     return changes
 
 
-def _forwarded_result(meta: Any) -> Any:
+def _resealed_errors(entries: Any, own: JobBinding, meta: Any, ring: KeyRing) -> list[Any] | None:
+    """`entries` with every sealed detail of an older key re-sealed, or None if none is."""
+    if not isinstance(entries, list):
+        return None
+    out, changed = [], False
+    for entry in entries:
+        sealed = entry.get("sealed") if isinstance(entry, Mapping) else None
+        if is_envelope(sealed) and envelope_kid(sealed) != ring.newest.kid:
+            binding = binding_for(own, meta, sealed)
+            detail = unseal(sealed, binding, "error", ring)
+            entry = {**entry, "sealed": seal(detail, binding, "error", ring)}
+            changed = True
+        out.append(entry)
+    return out if changed else None
+
+
+def _forwarded(meta: Any, key: str) -> Any:
     origin = meta.get("forwarded_from") if isinstance(meta, Mapping) else None
-    return origin.get("result") if isinstance(origin, Mapping) else None
+    return origin.get(key) if isinstance(origin, Mapping) else None
 
 
 @dataclass
@@ -131,7 +158,7 @@ class TableCounts:
 
     table: str
     rows: int = 0  #: rows re-sealed
-    values: int = 0  #: sealed values re-sealed (a row has up to three)
+    values: int = 0  #: places re-sealed (args, result, errors, a forwarded copy's two)
     failed: int = 0  #: rows whose values could not be opened (left untouched)
     remaining: int = 0  #: rows still naming an older key after the run
     remaining_executing: int = 0  #: of `remaining`, those executing (taken by the next run)

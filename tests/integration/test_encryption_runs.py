@@ -362,3 +362,25 @@ async def test_a_child_gets_its_parents_sealed_results_opened(
         await until(lambda: state_of(conn, kid.id, "completed", "discarded"), message="child ran")
     assert is_envelope(row(conn, parent.id)["result"])
     assert [("child", {parent.id: {"card": SECRET}})] == w.SEEN
+
+
+async def test_a_cron_slot_of_an_encrypted_worker_is_sealed(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from psycopg_pool import AsyncConnectionPool
+
+    from shigoto import cron
+
+    t0 = datetime(2030, 1, 1, 10, 0, tzinfo=UTC)
+    cron.schedule("charge", "*/5 * * * *", w.charge.name, {"card": SECRET})
+    conn.execute("UPDATE shigoto_cron SET last_slot_at = %s WHERE name = 'charge'", (t0,))
+    async with AsyncConnectionPool(db_url, min_size=1, max_size=2, open=False,
+                                   kwargs={"autocommit": True}) as pool:  # fmt: skip
+        scheduler = cron.CronScheduler(pool, "public", is_leader=lambda: True, interval=0.1,
+                                       clock=lambda: t0 + timedelta(minutes=5, seconds=1))
+        [job_id] = (await scheduler.run_once())["charge"]
+    stored = row(conn, job_id)
+    assert envelope_kid(stored["args"]) == KEY_A.kid
+    assert opened(stored["args"], stored) == {"card": SECRET}

@@ -112,7 +112,7 @@ def test_a_batch_and_a_workflow_go_through_it_too(
     conn: psycopg.Connection[Any], registered: Callable[..., None]
 ) -> None:
     registered(tenant, atenant)
-    with shigoto.batch(callback=mw.plain) as b:
+    with shigoto.batch(callback=mw.batch_done) as b:
         one = b.enqueue(mw.plain, {"n": 1})
         many = b.enqueue_many([{"worker": mw.plain, "args": {"n": 2}}])
     steps = (shigoto.workflow().add("a", mw.plain, {"n": 1})

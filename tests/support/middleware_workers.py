@@ -180,3 +180,8 @@ async def alogs_a_line(word: str) -> str:
 def plain(n: int = 0) -> int:
     trail.note("perform")
     return n
+
+
+@shigoto.worker
+def batch_done(batch: dict[str, Any]) -> None:
+    """A batch callback (the enqueue middleware tests only need one to exist)."""

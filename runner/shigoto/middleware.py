@@ -71,7 +71,9 @@ class EnqueueTwins:
         return _name(self.sync or self.asynchronous)
 
     def holds(self, mw: Any) -> bool:
-        return mw is self.sync or mw is self.asynchronous
+        """Whether `mw` is one of the forms (`==`: a bound method is a new object each time
+        it is read, equal to the others)."""
+        return mw is not None and mw in (self.sync, self.asynchronous)
 
 
 _enqueue: tuple[EnqueueTwins, ...] = ()
@@ -97,20 +99,21 @@ def _check_callable(field: str, mw: Any, shape: str) -> None:
 # -- execution --------------------------------------------------------------------------------
 
 
-def use_middleware(mw: M) -> M:
+def use_middleware(mw: M, *, outermost: bool = False) -> M:
     """Run `mw(job, call_next)` around every job this process executes, inside the middleware
-    registered before it. Returns `mw`, so it works as a decorator."""
+    registered before it (outside all of it with `outermost=True`: tracing that should time
+    the whole chain). Registering it again changes nothing. Returns `mw`, for decorators."""
     global _execution
     _check_callable("middleware", mw, "mw(job, call_next)")
     if mw not in _execution:
-        _execution = (*_execution, mw)
+        _execution = (mw, *_execution) if outermost else (*_execution, mw)
     return mw
 
 
 def remove_middleware(mw: Any) -> None:
     """Stop running `mw` around jobs; jobs already running keep the chain they started with."""
     global _execution
-    _execution = tuple(m for m in _execution if m is not mw)
+    _execution = tuple(m for m in _execution if m != mw)
 
 
 def execution_middleware() -> tuple[ExecutionMiddleware, ...]:
@@ -121,10 +124,11 @@ def execution_middleware() -> tuple[ExecutionMiddleware, ...]:
 # -- enqueue ----------------------------------------------------------------------------------
 
 
-def use_enqueue_middleware(mw: Any, *, twin: Any = None) -> Any:
-    """Run `mw(specs, call_next)` around every enqueue; `twin` is its other form (sync for an
-    async `mw`, or async for a sync one) so both `enqueue` and `aenqueue` run it. Returns
-    `mw`, so a middleware needing no twin works as a decorator."""
+def use_enqueue_middleware(mw: Any, *, twin: Any = None, outermost: bool = False) -> Any:
+    """Run `mw(specs, call_next)` around every enqueue, inside those registered before it
+    (outside them with `outermost=True`); `twin` is its other form (sync for an async `mw`,
+    or async for a sync one) so both `enqueue` and `aenqueue` run it. Returns `mw`, so a
+    middleware needing no twin works as a decorator."""
     global _enqueue
     _check_callable("mw", mw, "mw(specs, call_next)")
     if twin is not None:
@@ -137,7 +141,8 @@ def use_enqueue_middleware(mw: Any, *, twin: Any = None) -> Any:
             )  # fmt: skip
     sync, asynchronous = (twin, mw) if is_async(mw) else (mw, twin)
     if not any(t.holds(mw) for t in _enqueue):
-        _enqueue = (*_enqueue, EnqueueTwins(sync, asynchronous))
+        twins = EnqueueTwins(sync, asynchronous)
+        _enqueue = (twins, *_enqueue) if outermost else (*_enqueue, twins)
     return mw
 
 

@@ -185,3 +185,8 @@ def plain(n: int = 0) -> int:
 @shigoto.worker
 def batch_done(batch: dict[str, Any]) -> None:
     """A batch callback (the enqueue middleware tests only need one to exist)."""
+
+
+@shigoto.worker(max_attempts=3)
+def fails(why: str = "boom") -> None:
+    raise ValueError(why)

@@ -245,7 +245,7 @@ class JobExecutor:
             worker = self.resolve(job.worker)
             sealed = sealed or getattr(worker, "encrypted", False) is True
             job = self._opened(job)
-            parents = self._open_parents()
+            parents = self._open_parents() if job.depends_on else None
             ctx = self._context(job, worker)
             outcome: Any = await self._perform(job, worker, ctx)
         except asyncio.CancelledError:

@@ -53,9 +53,11 @@ def ring(monkeypatch: pytest.MonkeyPatch) -> Iterator[KeyRing]:
 
 
 def row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
-    found = conn.cursor(row_factory=dict_row).execute(
-        "SELECT * FROM shigoto_jobs WHERE id = %s", (job_id,)
-    ).fetchone()
+    found = (
+        conn.cursor(row_factory=dict_row)
+        .execute("SELECT * FROM shigoto_jobs WHERE id = %s", (job_id,))
+        .fetchone()
+    )
     assert found is not None
     return found
 
@@ -204,8 +206,7 @@ async def test_process_isolation_gets_plaintext_through_its_pipe(
                     timeout=60, message="job finished")  # fmt: skip
     stored = row(conn, job.id)
     assert stored["state"] == "completed", stored["errors"]
-    assert opened(stored["result"], stored, "result") == {"card": SECRET,
-                                                          "seen": {"card": SECRET}}
+    assert opened(stored["result"], stored, "result") == {"card": SECRET, "seen": {"card": SECRET}}
 
 
 async def test_error_entries_keep_the_type_and_seal_the_details(
@@ -305,10 +306,14 @@ async def test_a_forwarded_encrypted_job_opens_in_its_dead_letter_queue(
     async with running(db_url, {"enc-main": 1, "enc-dead": 1}, imports=IMPORTS):
         await until(lambda: w.SEEN, message="forwarded copy ran")
     assert w.SEEN == [("forwarded", {"card": SECRET, "queue": "enc-dead"})]
-    copy = conn.cursor(row_factory=dict_row).execute(
-        "SELECT * FROM shigoto_jobs WHERE meta -> 'forwarded_from' ->> 'id' = %s::text",
-        (job.id,),
-    ).fetchone()
+    copy = (
+        conn.cursor(row_factory=dict_row)
+        .execute(
+            "SELECT * FROM shigoto_jobs WHERE meta -> 'forwarded_from' ->> 'id' = %s::text",
+            (job.id,),
+        )
+        .fetchone()
+    )
     assert copy is not None and is_envelope(copy["args"])
     assert SECRET not in json.dumps(copy["meta"])  # the copied errors hold no plaintext
 
@@ -378,8 +383,13 @@ async def test_a_cron_slot_of_an_encrypted_worker_is_sealed(
     conn.execute("UPDATE shigoto_cron SET last_slot_at = %s WHERE name = 'charge'", (t0,))
     async with AsyncConnectionPool(db_url, min_size=1, max_size=2, open=False,
                                    kwargs={"autocommit": True}) as pool:  # fmt: skip
-        scheduler = cron.CronScheduler(pool, "public", is_leader=lambda: True, interval=0.1,
-                                       clock=lambda: t0 + timedelta(minutes=5, seconds=1))
+        scheduler = cron.CronScheduler(
+            pool,
+            "public",
+            is_leader=lambda: True,
+            interval=0.1,
+            clock=lambda: t0 + timedelta(minutes=5, seconds=1),
+        )
         [job_id] = (await scheduler.run_once())["charge"]
     stored = row(conn, job_id)
     assert envelope_kid(stored["args"]) == KEY_A.kid

@@ -41,13 +41,19 @@ def add_parsers(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> 
     p.add_argument("--batch-size", type=int,
                    help=f"rows per transaction [{ENV_BATCH_SIZE}] (default "
                         f"{DEFAULT_BATCH_SIZE})")  # fmt: skip
-    p.add_argument("--max-batches", type=int,
-                   help=f"stop after N batches; the next run continues [{ENV_MAX_BATCHES}]")
+    p.add_argument(
+        "--max-batches",
+        type=int,
+        help=f"stop after N batches; the next run continues [{ENV_MAX_BATCHES}]",
+    )
     p.add_argument("--dry-run", action="store_true", help="count what would be re-encrypted")
     p.add_argument("--json", action="store_true", help="the result as JSON on stdout")
     p = sub.add_parser("keys", help="encryption keys: generate one, list the configured ids")
-    p.add_argument("action", choices=["generate", "list"],
-                   help=f"generate: print a new key; list: the key ids of {ENV_VAR}")
+    p.add_argument(
+        "action",
+        choices=["generate", "list"],
+        help=f"generate: print a new key; list: the key ids of {ENV_VAR}",
+    )
 
 
 def _whole(flag: str, env: str, given: int | None, default: int | None) -> int | None:
@@ -104,8 +110,10 @@ def run_rekey(args: argparse.Namespace) -> int:
         print(json.dumps({**asdict(result), "complete": result.complete}, indent=2))
     else:
         for t in result.tables:
-            print(f"{t.table}: {t.rows} rows re-encrypted ({t.values} values), {t.failed} "
-                  f"failed, {t.remaining} remaining ({t.remaining_executing} executing)")
+            print(
+                f"{t.table}: {t.rows} rows re-encrypted ({t.values} values), {t.failed} "
+                f"failed, {t.remaining} remaining ({t.remaining_executing} executing)"
+            )
         for failure in result.failures:
             print(f"failed: {failure.table} job {failure.id}: {failure.error}")
         print("complete" if result.complete else
@@ -120,8 +128,10 @@ def _report_dry(tables: list[TableCounts], ring: KeyRing, as_json: bool) -> int:
                           "complete": remaining == 0}, indent=2))  # fmt: skip
     else:
         for t in tables:
-            print(f"{t.table}: {t.remaining} rows to re-encrypt under {ring.newest.kid} "
-                  f"({t.remaining_executing} executing)")
+            print(
+                f"{t.table}: {t.remaining} rows to re-encrypt under {ring.newest.kid} "
+                f"({t.remaining_executing} executing)"
+            )
     return 0 if remaining == 0 else EXIT_REMAINING
 
 

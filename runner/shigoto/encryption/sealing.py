@@ -99,7 +99,6 @@ def seal_args(spec: Any, job_id: int, schema: str) -> str:
     return json.dumps(envelope, separators=(",", ":"))
 
 
-
 @dataclass(frozen=True, slots=True)
 class SealedValue:
     """A sealed value read from the database with the binding that opens it: what the

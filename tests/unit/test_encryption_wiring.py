@@ -103,6 +103,10 @@ def test_replacing_args_of_an_encrypted_job_is_refused_early_and_late() -> None:
     with pytest.raises(shigoto.ValidationError) as excinfo:
         jobspec.build(sealed_worker, {"card": "x"}, unique={"replace": ["args", "priority"]})
     assert excinfo.value.field == "unique.replace"
+    with pytest.raises(shigoto.ValidationError) as excinfo:
+        jobspec.build(sealed_worker, {"card": "x"}, unique={"replace": ["queue"]})
+    assert "'queue'" in excinfo.value.message
+    assert jobspec.build(sealed_worker, {"card": "x"}, unique={"replace": ["priority"]})
     late = jobspec.build(plain_worker, {"card": "x"}, unique={"replace": ["args"]})
     with pytest.raises(shigoto.ValidationError):
         unique.plan([dataclasses.replace(late, encrypted=True)])

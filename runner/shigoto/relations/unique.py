@@ -16,8 +16,8 @@ Encrypted jobs (docs/encryption.md): a bare hash of guessable args would give th
 their key is a keyed HMAC of the same canonical material (`encryption.digests`), under the
 ring's newest key: `unique:<kid>.<hex>`. A spec that only becomes encrypted at insert (its
 queue is encrypted) gets its key recomputed there by the resolver, from the key fields that
-travel with its options. `replace=["args"]` is refused for encrypted jobs: the new args would
-be sealed for the new job's id, which the holder could never open.
+travel with its options. `replace=["args"]` and `["queue"]` are refused for encrypted jobs:
+the holder's sealed args are bound to its id and queue.
 """
 
 from __future__ import annotations
@@ -287,14 +287,17 @@ def apply(spec: S, options: Mapping[str, Any], defaults: Mapping[str, Any]) -> S
 
 
 def _check_encrypted(options: UniqueOptions, field: str) -> None:
-    """Refuse what uniqueness cannot do with sealed args, before anything is written."""
-    if "args" in options.replace:
-        raise ValidationError(
-            field,
-            "cannot hold 'args' for an encrypted job: its args are sealed for its own id, so "
-            "the job already holding the key could never open them; leave 'args' out (or "
-            "cancel the holder and enqueue again)",
-        )
+    """Refuse what uniqueness cannot do with sealed args, before anything is written: new
+    args would be sealed for the new job's id, and a new queue would move the holder away
+    from the queue its args are sealed for; either way the holder could never open them."""
+    for name in ("args", "queue"):
+        if name in options.replace:
+            raise ValidationError(
+                field,
+                f"cannot hold {name!r} for an encrypted job: its args are sealed for the job "
+                "holding the key (its id and queue), which could never open them after the "
+                f"replace; leave {name!r} out (or cancel the holder and enqueue again)",
+            )
 
 
 def _sealed_key(spec: Any, key: str, options: UniqueOptions) -> str:

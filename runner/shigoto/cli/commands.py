@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 
 from shigoto import config, logs
-from shigoto.cli import rekey
+from shigoto.cli import jobs, rekey
 from shigoto.db import embedded
 from shigoto.errors import ConfigurationError, Error, ValidationError
 from shigoto.flow.codel import DEFAULT_INTERVAL as SHED_INTERVAL
@@ -360,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the whole loop on an embedded PostgreSQL, no setup")
     _common(p)
     rekey.add_parsers(sub, _common)
+    jobs.add_parsers(sub, _common)
     return parser
 
 
@@ -664,5 +665,6 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "bench": _bench,
     "demo": _demo,
     **rekey.COMMANDS,
+    **jobs.commands(_database_url),
 }
 

@@ -338,6 +338,7 @@ class UserChain:
         self.on_thread = on_thread
         self.loop = asyncio.get_running_loop()
         self._bridged: set[concurrent.futures.Future[Any]] = set()
+        self._cancelled = False
         #: Inboxes of the job's thread while it is parked in `_bridge`, innermost last.
         self._parked: list[queue.SimpleQueue[_Request | None]] = []
 
@@ -357,6 +358,7 @@ class UserChain:
                 return await self._on_parked(step)
             return await self.on_thread(step)
         except asyncio.CancelledError:
+            self._cancelled = True  # before the scan: see _bridge
             for future in list(self._bridged):
                 future.cancel()
             raise
@@ -383,6 +385,8 @@ class UserChain:
         self._parked.append(inbox)
         future = asyncio.run_coroutine_threadsafe(self._from(i, job), self.loop)
         self._bridged.add(future)
+        if self._cancelled:  # the chain was cancelled before it could see this future
+            future.cancel()
         future.add_done_callback(lambda _f: inbox.put(None))
         try:
             while (request := inbox.get()) is not None:

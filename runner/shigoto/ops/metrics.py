@@ -5,31 +5,17 @@ so several runners in one process (an application embedding two, or a test suite
 over metric names. Counters follow job outcomes as telemetry reports them; only events of this
 runner's node count, since telemetry subscribers are process-wide.
 
-| metric                              | type      | labels        | from                       |
-|-------------------------------------|-----------|---------------|----------------------------|
-| shigoto_jobs_completed_total        | counter   | queue, worker | job.stop                   |
-| shigoto_jobs_failed_total           | counter   | queue, worker | job.exception (per attempt)|
-| shigoto_jobs_discarded_total        | counter   | queue, worker | job.discard                |
-| shigoto_jobs_snoozed_total          | counter   | queue, worker | job.snooze                 |
-| shigoto_jobs_cancelled_total        | counter   | queue, worker | job.cancel (also operator) |
-| shigoto_job_duration_seconds        | histogram | queue, worker | every finished attempt     |
-| shigoto_queue_depth                 | gauge     | queue, state  | the `counts` statement     |
-| shigoto_workflow_released_total     | counter   | queue, worker | workflow.release (leader)  |
-| shigoto_workflow_cancelled_total    | counter   | queue, worker | workflow.cancel (leader)   |
-| shigoto_batch_callbacks_total       | counter   | queue, worker | batch.callback (leader)    |
-| shigoto_jobs_forwarded_total        | counter   | queue, worker | job.forward (leader; queue |
-|                                     |           |               | is the one it left)        |
-| shigoto_fanout_deliveries_total     | counter   | queue, outcome| fanout.delivery            |
-| shigoto_fanout_finished_total       | counter   | source        | fanout.finish              |
-| shigoto_jobs_deferred_total         | counter   | queue, worker,| flow.defer                 |
-|                                     |           | reason        |                            |
-| shigoto_breaker_transitions_total   | counter   | worker, to    | breaker.transition         |
-| shigoto_load_shedding               | gauge     | queue         | shed.change (1 shedding)   |
-| shigoto_load_shedding_min_priority  | gauge     | queue         | shed.change (while on)     |
+Every metric, with its type, labels and the event it comes from, is listed in one table:
+docs/telemetry.md (a unit test holds that table and this registry equal).
 
 The relation counters come from transitions the database's triggers make; only the leading
 runner emits their events (`shigoto.relations.events`), so summed over the fleet each
 transition counts once, and a runner that does not lead exports them at zero.
+
+Client events carry no node: an insert (`job.insert`) or an operator's `cancel_by`
+(`operator.cancel`) is counted by the metrics of the process it happened in, which for a runner
+means its jobs' and its cron's inserts. With `client_events=False` they are left out (a second
+`RunnerMetrics` in the same process would count them twice).
 
 A job whose last attempt fails counts once as failed and once as discarded: the two count
 different things (failed attempts, jobs given up on).
@@ -70,6 +56,16 @@ DURATION_BUCKETS = (
     300.0, 600.0, 1800.0, float("inf"),
 )  # fmt: skip
 
+#: Claim and insert batches: from one job to the completer's and COPY's thousands.
+BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, float("inf"))
+#: Waits past the due time: a claim well under a second late is healthy, hours is a backlog.
+DELAY_BUCKETS = (
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0,
+    86400.0, float("inf"),
+)  # fmt: skip
+#: The attempt a job finished on: the default max_attempts is 20.
+ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 7, 10, 15, 20, 25, 50, 100, float("inf"))
+
 #: Event name -> the counter attribute it increments.
 _OUTCOME_COUNTERS = {
     "job.stop": "completed",
@@ -88,6 +84,11 @@ _RELATION_COUNTERS = {
 }
 _FANOUT_EVENTS = ("fanout.delivery", "fanout.finish")
 _FLOW_EVENTS = ("flow.defer", "breaker.transition", "shed.change")
+_CLAIM_EVENTS = ("job.claim", "producer.claim", "queue.add", "queue.remove")
+#: Events of no runner (emitted where the insert or the cancel ran; see the module docstring).
+_CLIENT_EVENTS = ("job.insert", "operator.cancel")
+#: Outcomes that end a job for good (a retry, a snooze do not): its attempt count is final.
+_FINAL_EVENTS = frozenset({"job.stop", "job.discard", "job.cancel"})
 
 JOB_LABELS = ("queue", "worker")
 #: The label of every queue or worker this runner does not know (see the module docstring).
@@ -106,10 +107,13 @@ class RunnerMetrics:
         process_metrics: bool = True,
         queues: Names | None = None,
         workers: Names | None = None,
+        client_events: bool = True,
     ) -> None:
         """`queues` and `workers` give the names that may be labels (the runner's served queues
-        and registered workers); None lets every name through, for a caller that vets them."""
+        and registered workers); None lets every name through, for a caller that vets them.
+        `client_events`: also count this process's inserts and operator cancels."""
         self.node = node
+        self.client_events = client_events
         self._queues = queues
         self._workers = workers
         self.registry = CollectorRegistry(auto_describe=True)
@@ -173,6 +177,8 @@ class RunnerMetrics:
             "shigoto_load_shedding_min_priority", "The lowest priority this runner still claims "
             "from the queue while it sheds.", ("queue",), registry=self.registry,
         )  # fmt: skip
+        self._claim_metrics()
+        self._client_metrics()
         if process_metrics:
             # Memory, CPU and GC of the runner process: what an operator looks at first.
             process_collector.ProcessCollector(registry=self.registry)
@@ -182,12 +188,53 @@ class RunnerMetrics:
     def _counter(self, outcome: str, documentation: str) -> Counter:
         return Counter(f"shigoto_jobs_{outcome}", documentation, JOB_LABELS, registry=self.registry)
 
+    def _claim_metrics(self) -> None:
+        """What the claim path and the end of each job add: claims, retries, attempts."""
+        self.claimed = self._counter("claimed", "Jobs this runner claimed (an attempt started, "
+                                     "or a delivery of a fan-out job).")  # fmt: skip
+        self.retried = self._counter("retried", "Failed attempts that will be retried (a "
+                                     "final failure is counted as discarded instead).")  # fmt: skip
+        self.claim_delay = Histogram(
+            "shigoto_job_claim_delay_seconds", "Time from a job's due time to its claim "
+            "(attempted_at - scheduled_at, both on the database clock).", ("queue",),
+            buckets=DELAY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.claim_batch = Histogram(
+            "shigoto_claim_batch_size", "Jobs per claim that returned any (empty polls are "
+            "left out).", ("queue",), buckets=BATCH_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.attempts = Histogram(
+            "shigoto_job_attempts", "The attempt on which a job finished (completed, "
+            "discarded or cancelled).", JOB_LABELS, buckets=ATTEMPT_BUCKETS,
+            registry=self.registry,
+        )  # fmt: skip
+        self.concurrency = Gauge(
+            "shigoto_queue_concurrency", "Slots of each queue this runner serves (the series "
+            "goes when it stops serving the queue).", ("queue",), registry=self.registry,
+        )  # fmt: skip
+
+    def _client_metrics(self) -> None:
+        """Inserts and operator cancels made in this process (see the module docstring)."""
+        self.inserted = self._counter(
+            "inserted", "Jobs inserted by this process (enqueue, enqueue_many, cron), unique "
+            "conflicts left out.")  # fmt: skip
+        self.insert_batch = Histogram(
+            "shigoto_insert_batch_size", "Jobs per insert by this process, by source "
+            "(enqueue, enqueue_many, cron).", ("source",), buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )  # fmt: skip
+        self.operator_cancelled = Counter(
+            "shigoto_jobs_operator_cancelled", "Jobs cancelled by cancel_by (`shigoto "
+            "cancel`) called in this process, executing or not.", registry=self.registry,
+        )  # fmt: skip
+
     # -- telemetry ------------------------------------------------------------------------
 
     def attach(self) -> None:
         """Start following this node's job events (idempotent)."""
         if self._handle is None:
-            events = {*_OUTCOME_COUNTERS, *_RELATION_COUNTERS, *_FANOUT_EVENTS, *_FLOW_EVENTS}
+            events = {*_OUTCOME_COUNTERS, *_RELATION_COUNTERS, *_FANOUT_EVENTS, *_FLOW_EVENTS,
+                      *_CLAIM_EVENTS, *(_CLIENT_EVENTS if self.client_events else ())}
             self._handle = telemetry.attach(self.handle, events)
 
     def detach(self) -> None:
@@ -197,7 +244,14 @@ class RunnerMetrics:
 
     def handle(self, event: str, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
         """The telemetry subscriber: one outcome event becomes counter and histogram updates."""
+        if event in _CLIENT_EVENTS:
+            if self.client_events:
+                self._client(event, measurements, metadata)
+            return
         if metadata.get("node") != self.node:
+            return
+        if event in _CLAIM_EVENTS:
+            self._claim(event, measurements, metadata)
             return
         if event in _RELATION_COUNTERS:
             labels = (self._label(str(metadata.get("from_queue") or metadata.get("queue")),
@@ -223,6 +277,40 @@ class RunnerMetrics:
         getattr(self, _OUTCOME_COUNTERS[event]).labels(*labels).inc()
         if _ends_attempt(event, metadata):
             self.duration.labels(*labels).observe(float(measurements.get("duration") or 0.0))
+        if event == "job.exception" and metadata.get("retry"):
+            self.retried.labels(*labels).inc()
+        elif event in _FINAL_EVENTS and job.attempt:
+            self.attempts.labels(*labels).observe(job.attempt)
+
+    def _claim(self, event: str, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+        if event == "job.claim":
+            job = metadata["job"]
+            queue = self._label(job.queue, self._queues)
+            self.claimed.labels(queue, self._label(job.worker, self._workers)).inc()
+            delay = measurements.get("delay")
+            if delay is not None:
+                self.claim_delay.labels(queue).observe(float(delay))
+            return
+        queue = self._label(str(metadata.get("queue")), self._queues)
+        if event == "producer.claim":
+            if measurements.get("count"):
+                self.claim_batch.labels(queue).observe(int(measurements["count"]))
+        elif event == "queue.add":
+            self.concurrency.labels(queue).set(int(measurements.get("concurrency") or 0))
+        elif queue != OTHER:  # queue.remove; _other is shared, never removed by one queue
+            with contextlib.suppress(KeyError):
+                self.concurrency.remove(queue)
+
+    def _client(self, event: str, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+        count = int(measurements.get("count") or 0)
+        if event == "operator.cancel":
+            self.operator_cancelled.inc(count)
+            return
+        if count:
+            self.insert_batch.labels(str(metadata.get("source"))).observe(count)
+        for job in metadata.get("jobs") or ():
+            self.inserted.labels(self._label(job.queue, self._queues),
+                                 self._label(job.worker, self._workers)).inc()  # fmt: skip
 
     def _flow(self, event: str, metadata: dict[str, Any]) -> None:
         if event == "flow.defer":
@@ -299,4 +387,7 @@ def _ends_attempt(event: str, metadata: dict[str, Any]) -> bool:
     return True
 
 
-__all__ = ["DURATION_BUCKETS", "OTHER", "RunnerMetrics"]
+__all__ = [
+    "ATTEMPT_BUCKETS", "BATCH_BUCKETS", "DELAY_BUCKETS", "DURATION_BUCKETS", "OTHER",
+    "RunnerMetrics",
+]  # fmt: skip

@@ -2,6 +2,11 @@
 
 Filters combine with AND; at least one is required for retry/cancel so a typo can never touch
 every job in the table.
+
+Telemetry (docs/telemetry.md): `operator.cancel` once per `cancel_by` that changed the table
+(not for a dry run), after its transaction committed, in the calling process; `pruner.prune`
+for a `prune` run from here. A job cancelled while it executed is also reported by its runner,
+as `job.cancel` with `source: "operator"`.
 """
 
 from __future__ import annotations
@@ -182,10 +187,14 @@ def cancel_by(
 
     With `dry_run=True` nothing changes: the ids are those it would cancel.
     """
-    work = _bulk_steps("cancel", _filter(ids, queue, worker, tag, state), config.schema(schema),
-                       dry_run, reason)  # fmt: skip
+    f = _filter(ids, queue, worker, tag, state)
+    work = _bulk_steps("cancel", f, config.schema(schema), dry_run, reason)
+    started = time.monotonic()
     with _sync_transaction(database_url) as conn:
-        return steps.run(conn, work)
+        cancelled = steps.run(conn, work)
+    if not dry_run:
+        _cancelled(cancelled, f, reason, config.schema(schema), started)
+    return cancelled
 
 
 async def acancel_by(
@@ -201,10 +210,26 @@ async def acancel_by(
     schema: str | None = None,
 ) -> list[int]:
     """`cancel_by` for asyncio: the same statements on an async connection."""
-    work = _bulk_steps("cancel", _filter(ids, queue, worker, tag, state), config.schema(schema),
-                       dry_run, reason)  # fmt: skip
+    f = _filter(ids, queue, worker, tag, state)
+    work = _bulk_steps("cancel", f, config.schema(schema), dry_run, reason)
+    started = time.monotonic()
     async with _async_transaction(database_url) as conn:
-        return await steps.arun(conn, work)
+        cancelled = await steps.arun(conn, work)
+    if not dry_run:
+        _cancelled(cancelled, f, reason, config.schema(schema), started)
+    return cancelled
+
+
+def _cancelled(ids: list[int], f: Filter, reason: str, schema: str, started: float) -> None:
+    """Announce a committed `cancel_by`: the jobs an operator took away, executing or not
+    (waiting ones are never seen by a runner, so this is the only trace they leave)."""
+    given = {"ids": list(f.ids), "queue": f.queue, "worker": f.worker, "tag": f.tag,
+             "state": str(f.state) if f.state else None}  # fmt: skip
+    telemetry.emit(
+        "operator.cancel", {"count": len(ids), "duration": time.monotonic() - started},
+        {"job_ids": ids, "reason": reason, "schema": schema,
+         "filter": {k: v for k, v in given.items() if v}},
+    )  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -17,6 +17,11 @@ A runner with a runner-wide capacity gives each producer a `share` (its slots le
 weighted split, see `shigoto.runtime.capacity`) that caps `wanted` beside its own concurrency,
 and an `on_change` hook, called after each claim and each finished job, through which the
 runner hands freed capacity to the queues that want it. `has_demand` is what the split reads.
+
+Telemetry (docs/telemetry.md): `producer.claim` once per claim, `job.claim` once per claimed
+job (only built while someone follows it: the claim path stays cheap), `queue.add` when the
+producer starts and `queue.remove` when it stops claiming (removed from the runner, or the
+runner shutting down).
 """
 
 from __future__ import annotations
@@ -113,10 +118,20 @@ class Producer(Service):
     def poll_interval(self, value: float) -> None:
         self.interval = value
 
+    def start(self) -> asyncio.Task[None]:
+        """Start claiming; the first call announces that this runner serves the queue."""
+        if self.task is None:
+            telemetry.emit("queue.add", {"concurrency": self.concurrency},
+                           {"queue": self.queue, "node": self.node})  # fmt: skip
+        return super().start()
+
     def stop_claiming(self) -> None:
         self.stop()
 
     def request_stop(self) -> None:
+        if self._claiming and self.task is not None:  # once, and only after a queue.add
+            telemetry.emit("queue.remove", {"running": len(self.running)},
+                           {"queue": self.queue, "node": self.node})  # fmt: skip
         self._claiming = False
         self._stopped.set()
         self._wake.set()
@@ -204,10 +219,19 @@ class Producer(Service):
             {"duration": time.monotonic() - started, "count": len(jobs), "requested": wanted},
             {"queue": self.queue, "node": self.node},
         )
+        if jobs and telemetry.enabled("job.claim"):
+            self._announce(jobs)
         # A full claim means the queue probably holds more: claim again as soon as a slot frees.
         self._more_waiting = len(jobs) == wanted
         self._asked = False
         return jobs
+
+    def _announce(self, jobs: list[Job]) -> None:
+        """One `job.claim` per job: the time it waited past its due time (`delay`, from the
+        database's own clock on both ends), for the claim-delay histogram."""
+        for job in jobs:
+            telemetry.emit("job.claim", {"delay": claim_delay(job)},
+                           {"job": job, "node": self.node})  # fmt: skip
 
     def _start(self, job: Job) -> None:
         task = asyncio.create_task(self._execute(job), name=f"shigoto-job-{job.id}")
@@ -236,3 +260,11 @@ class Producer(Service):
     async def wait_drained(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._drained.wait(), timeout)
+
+
+def claim_delay(job: Job) -> float | None:
+    """Seconds from when `job` was due to when this attempt claimed it (None if either is
+    unknown). Both stamps come from the database clock, so runner clock skew plays no part."""
+    if job.attempted_at is None or job.scheduled_at is None:
+        return None
+    return max((job.attempted_at - job.scheduled_at).total_seconds(), 0.0)

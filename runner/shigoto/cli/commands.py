@@ -111,6 +111,7 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     "prune_after": ("SHIGOTO_PRUNE_AFTER", _age, None),
     "archive_retention": ("SHIGOTO_ARCHIVE_RETENTION", _age, None),
     "no_migrate": ("SHIGOTO_NO_MIGRATE", _flag, False),
+    "otel": ("SHIGOTO_OTEL", _flag, False),
     "max_stuck_threads": ("SHIGOTO_MAX_STUCK_THREADS", _count, None),
     "callback_timeout": ("SHIGOTO_CALLBACK_TIMEOUT", _seconds, CALLBACK_TIMEOUT),
     "stuck_after": ("SHIGOTO_STUCK_AFTER", _seconds, STUCK_AFTER),
@@ -259,6 +260,9 @@ def _add_run(sub: Any) -> None:
         "SHIGOTO_SHUTDOWN_TIMEOUT", "seconds in-flight jobs get on SIGTERM (default 15)"))
     p.add_argument("--no-migrate", action="store_true", default=None,
                    help=_env_help("SHIGOTO_NO_MIGRATE", "do not apply migrations at start"))
+    p.add_argument("--otel", action="store_true", default=None, help=_env_help(
+        "SHIGOTO_OTEL", "trace executions and enqueues with OpenTelemetry (shigoto[otel]; "
+        "spans go to the global tracer provider, e.g. set up by opentelemetry-instrument)"))
     p.add_argument("--global-concurrency", action="append", metavar="NAME=N",
                    help="at most N jobs of queue NAME execute across all runners; stored in the "
                    "database for every runner, repeatable [SHIGOTO_GLOBAL_CONCURRENCY]")
@@ -443,6 +447,10 @@ def _runner(args: argparse.Namespace) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.otel:
+        from shigoto import otel  # ConfigurationError naming the extra when it is missing
+
+        otel.instrument()
     runner = _runner(args)
     if args.no_migrate:
         # Migrating connects first and fails at once with the server's reason; without it,

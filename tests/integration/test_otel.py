@@ -4,7 +4,10 @@ and it links to it), with the messaging attributes, and failures and outcomes re
 
 from __future__ import annotations
 
+import json
+import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -18,7 +21,7 @@ import shigoto
 from shigoto import otel
 from tests.support import middleware_workers as mw
 from tests.support.in_process import running
-from tests.support.waiting import row, until
+from tests.support.waiting import row, until, wait_until
 
 
 @pytest.fixture
@@ -148,3 +151,30 @@ def test_a_refused_enqueue_ends_its_span_in_error(
     assert "messaging.destination.name" not in (send.attributes or {})
     assert send.status.status_code == StatusCode.ERROR
     assert conn.execute("SELECT count(*) FROM shigoto_jobs").fetchone() == (0,)
+
+
+def test_shigoto_run_otel_continues_the_trace_in_another_process(
+    exporter: InMemorySpanExporter, conn: psycopg.Connection[Any], runner_processes: Any,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    spans_file = tmp_path / "spans.jsonl"
+    with tracer(exporter).start_as_current_span("POST /orders") as request:
+        job = shigoto.enqueue("tests.support.otel_workers.traced", {"n": 1})
+    runner = runner_processes("--otel", workers="tests.support.otel_workers",
+                              env={"SHIGOTO_TEST_SPANS": str(spans_file)})  # fmt: skip
+    wait_until(lambda: row(conn, job.id)["state"] == "completed", timeout=60,
+               message=f"job completed:\n{runner.output()}")  # fmt: skip
+    process = wait_until(lambda: _consumer_line(spans_file), message="process span written")
+    send = only(list(exporter.get_finished_spans()), SpanKind.PRODUCER)
+    assert process["trace_id"] == f"{request.get_span_context().trace_id:032x}"
+    assert process["parent"] == f"{send.context.span_id:016x}"
+    assert process["attributes"]["messaging.message.id"] == str(job.id)
+    runner.signal(signal.SIGTERM)
+    assert runner.wait_exit() == 0
+
+
+def _consumer_line(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return next((s for s in lines if s["kind"] == "CONSUMER"), None)

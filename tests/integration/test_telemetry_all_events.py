@@ -1,0 +1,266 @@
+"""Every event docs/telemetry.md documents is emitted by a real run, with exactly the
+measurement and metadata keys the table lists.
+
+The expected events are `telemetry.EVENTS` itself, not a list kept here: an event added to
+the set (and so to the table) fails `test_one_runners_life_emits_every_other_event` until this
+run emits it. Load shedding needs a runner whose event loop is saturated on purpose, so it has
+a test and runner of its own; `SEPARATE` says which events are left to it.
+
+Real PostgreSQL, runners in this event loop. Every wait polls a condition under a generous
+deadline; nothing asserts how long anything took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+import shigoto
+from shigoto import cron, telemetry
+from tests.support import capacity_workers
+from tests.support.in_process import running
+from tests.support.waiting import until
+from tests.unit.test_telemetry_docs import documented_events
+
+DEADLINE = 30.0
+
+#: Events the main run does not emit, each with the test that does.
+SEPARATE = {"shed.change": "test_an_overloaded_runner_emits_shed_change"}
+
+#: Keys an event carries only in some cases, as docs/telemetry.md explains below its table.
+OPTIONAL_METADATA = {"job.cancel": frozenset({"source"})}
+
+#: Completions of this worker are refused once by a trigger (see `refuse_one_completion`).
+REFUSED = "refused_once"
+
+
+@shigoto.worker
+def fine(n: int = 0) -> dict[str, int]:
+    return {"n": n}
+
+
+@shigoto.worker(max_attempts=1)
+def broken() -> None:
+    raise ValueError("broken on purpose")
+
+
+@shigoto.worker(max_attempts=2, backoff=lambda attempt, error: 0.0)
+def fails_once() -> None:
+    if shigoto.current_job().attempt == 1:
+        raise ValueError("the first attempt fails on purpose")
+
+
+@shigoto.worker
+def thrown_away() -> None:
+    raise shigoto.Discard("not worth it")
+
+
+@shigoto.worker
+def later() -> shigoto.Snooze:
+    return shigoto.Snooze(3600)
+
+
+@shigoto.worker
+def called_off() -> None:
+    raise shigoto.Cancel("called off")
+
+
+@shigoto.worker(concurrency=1)
+async def one_at_a_time() -> None:
+    await asyncio.sleep(0.3)
+
+
+@shigoto.worker(max_attempts=1, circuit_breaker=shigoto.CircuitBreaker(
+    failure_rate=0.5, min_calls=2, window=60.0, open_for=0.5, close_after=1))  # fmt: skip
+def dependency_down() -> None:
+    raise ConnectionError("the dependency is down")
+
+
+@shigoto.worker(name=REFUSED)
+def refused_once() -> None:
+    return None
+
+
+@shigoto.worker
+def batch_done(**_: Any) -> None:
+    return None
+
+
+class Seen:
+    """Every event from any node (client events have none), safe to read from the test."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
+        with self._lock:
+            self.events.append((event, dict(measurements), dict(metadata)))
+
+    def named(self, event: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        with self._lock:
+            return [(m, md) for e, m, md in self.events if e == event]
+
+    def names(self) -> set[str]:
+        with self._lock:
+            return {e for e, _, _ in self.events}
+
+
+@pytest.fixture
+def seen() -> Iterator[Seen]:
+    recorder = Seen()
+    handle = telemetry.attach(recorder)
+    yield recorder
+    telemetry.detach(handle)
+
+
+def refuse_one_completion(conn: psycopg.Connection[Any]) -> None:
+    """The first write of a `refused_once` outcome fails, as a database refusing a batch would;
+    the completer's retry succeeds. A sequence counts the refusals: unlike a row, it is not
+    rolled back with the statement the trigger aborts."""
+    conn.execute("CREATE SEQUENCE refusals")
+    conn.execute(f"""
+        CREATE FUNCTION refuse_once() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF nextval('refusals') = 1 THEN
+                RAISE EXCEPTION 'refused once on purpose';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER refuse_once BEFORE UPDATE ON shigoto_jobs FOR EACH ROW
+        WHEN (OLD.state = 'executing' AND NEW.state <> 'executing'
+              AND NEW.worker = '{REFUSED}')
+        EXECUTE FUNCTION refuse_once();
+    """)  # fmt: skip
+
+
+def orphan(conn: psycopg.Connection[Any]) -> int:
+    """A job left executing an hour ago by a node that no longer exists: the rescuer's."""
+    job = shigoto.enqueue(fine, queue="orphans")
+    conn.execute(
+        "UPDATE shigoto_jobs SET state = 'executing', attempt = 1, attempted_by = 'gone', "
+        "attempted_at = now() - interval '1 hour' WHERE id = %s", (job.id,),
+    )  # fmt: skip
+    return job.id
+
+
+def due_cron_slot(conn: psycopg.Connection[Any]) -> None:
+    cron.schedule("telemetry-tick", "* * * * *", fine, {"n": 0}, queue="cron-jobs")
+    conn.execute("UPDATE shigoto_cron SET last_slot_at = now() - interval '90 seconds'")
+
+
+def state_of(conn: psycopg.Connection[Any], job_id: int) -> str | None:
+    row = conn.execute("SELECT state FROM shigoto_jobs WHERE id = %s", (job_id,)).fetchone()
+    return None if row is None else row[0]
+
+
+async def enqueue_everything(conn: psycopg.Connection[Any], runner: shigoto.Runner) -> set[int]:
+    """What makes each event happen, client side; the runner does the rest. Returns the ids
+    enqueued inside the caller's transaction."""
+    await shigoto.aenqueue(fine, {"n": 1})
+    await shigoto.aenqueue(fine, {"n": 2}, schedule_in=0.3)  # staged
+    shigoto.enqueue_many([{"worker": w} for w in (broken, fails_once, thrown_away, later,
+                                                   called_off, refused_once)])  # fmt: skip
+    shigoto.enqueue_many([{"worker": one_at_a_time}] * 2)  # one waits: flow.defer
+    shigoto.enqueue_many([{"worker": dependency_down}] * 3)  # the breaker opens
+    shigoto.enqueue(fine, queue="broadcast")  # fan-out: a delivery per runner
+    with conn.transaction():  # a parent and its child in the caller's transaction
+        bad = shigoto.enqueue(broken, conn=conn)
+        child = shigoto.enqueue(fine, depends_on=[bad.id], conn=conn)  # cancelled with it
+    shigoto.workflow("telemetry").add("a", fine).add("b", fine, after=["a"]).enqueue()
+    async with shigoto.abatch(callback=batch_done) as batch:
+        await batch.enqueue(fine)
+    waiting = shigoto.enqueue(fine, schedule_in=3600)
+    shigoto.cancel_by(ids=[waiting.id])
+    shigoto.pause_queue("elsewhere")
+    shigoto.resume_queue("elsewhere")
+    runner.add_queue("extra", 1)
+    await until(lambda: "extra" in runner.producers, timeout=DEADLINE, message="extra served")
+    await runner.remove_queue("extra")
+    return {bad.id, child.id}
+
+
+def check_keys(seen: Seen, documented: dict[str, tuple[frozenset[str], frozenset[str]]]) -> None:
+    """Each emission of each event carries exactly the documented keys."""
+    for name in sorted(seen.names()):
+        measured, described = documented[name]
+        for measurements, metadata in seen.named(name):
+            assert set(measurements) == measured, (name, sorted(measurements))
+            extra = set(metadata) - described
+            assert described <= set(metadata), (name, sorted(metadata))
+            assert extra <= OPTIONAL_METADATA.get(name, frozenset()), (name, sorted(extra))
+
+
+async def test_one_runners_life_emits_every_other_event(
+    db_url: str, conn: psycopg.Connection[Any], seen: Seen
+) -> None:
+    expected = set(telemetry.EVENTS) - set(SEPARATE)
+    refuse_one_completion(conn)
+    rescued = orphan(conn)
+    due_cron_slot(conn)
+    shigoto.set_queue("broadcast", fanout=True)
+    shigoto.set_queue("default", forward={"discarded": "dead-letters"})
+    async with running(
+        db_url, {"default": 5, "broadcast": 1}, cron=True, cron_interval=0.2,
+        leader_interval=0.2, prune_interval=0.2, prune_after=0.0, heartbeat_interval=0.5,
+        rescue_after=2.0, rescue_interval=0.3,
+    ) as runner:  # fmt: skip
+        await until(lambda: runner.elector.is_leader, timeout=DEADLINE, message="it leads")
+        in_transaction = await enqueue_everything(conn, runner)
+        await until(lambda: expected <= seen.names(), timeout=DEADLINE,
+                    message="every documented event")  # fmt: skip
+        assert state_of(conn, rescued) == "available"  # in a queue nobody serves
+    missing = expected - seen.names()
+    assert not missing, f"documented events this run never emitted: {sorted(missing)}"
+    check_keys(seen, documented_events())
+    check_inserts(seen, in_transaction)
+    check_claims_and_queues(seen, runner)
+
+
+def check_inserts(seen: Seen, in_transaction: set[int]) -> None:
+    """Inserts in the caller's open transaction say so; the pool's are already committed."""
+    inserts = seen.named("job.insert")
+    by_job = {job.id: md["in_transaction"] for _, md in inserts for job in md["jobs"]}
+    assert {i: by_job[i] for i in in_transaction} == dict.fromkeys(in_transaction, True)
+    committed = {md["source"] for _, md in inserts if not md["in_transaction"]}
+    assert committed >= {"enqueue", "enqueue_many"}
+    assert "cron" in {md["source"] for _, md in inserts}
+    for measurements, metadata in inserts:
+        assert measurements["count"] == len(metadata["jobs"])
+        assert metadata["queues"] == sorted({job.queue for job in metadata["jobs"]})
+
+
+def check_claims_and_queues(seen: Seen, runner: shigoto.Runner) -> None:
+    claims = seen.named("job.claim")
+    assert sum(m["count"] for m, _ in seen.named("producer.claim")) == len(claims)
+    for measurements, metadata in claims:
+        assert metadata["node"] == runner.node
+        assert measurements["delay"] is None or measurements["delay"] >= 0
+    assert any(md["retry"] for _, md in seen.named("job.exception"))
+    assert any(not md["retry"] for _, md in seen.named("job.exception"))
+    added = {(md["queue"], m["concurrency"]) for m, md in seen.named("queue.add")}
+    assert added == {("default", 5), ("broadcast", 1), ("extra", 1)}
+    removed = [md["queue"] for _, md in seen.named("queue.remove")]
+    assert sorted(removed) == ["broadcast", "default", "extra"]  # extra, then the shutdown
+    [(cancelled, cancel)] = seen.named("operator.cancel")
+    assert cancelled["count"] == 1 and cancel["job_ids"] == cancel["filter"]["ids"]
+
+
+async def test_an_overloaded_runner_emits_shed_change(db_url: str, seen: Seen) -> None:
+    # The load shedding test's recipe: urgent jobs, then hogs that block the event loop, so
+    # that what the runner claims waits to start and it stops claiming the low priority.
+    work = capacity_workers
+    work.reset()
+    shigoto.enqueue_many([{"worker": work.quick, "queue": "shed", "priority": 10}] * 4)
+    shigoto.enqueue_many([{"worker": work.hog, "args": {"rounds": 1 + i % 6, "ms": 30},
+                           "queue": "shed", "priority": 0} for i in range(72)])  # fmt: skip
+    async with running(db_url, {"shed": 8}, shed_target=0.04, shed_interval=0.3) as runner:
+        await until(lambda: seen.named("shed.change"), timeout=DEADLINE, message="shed.change")
+    assert set(SEPARATE) <= seen.names()
+    check_keys(seen, documented_events())
+    assert all(md["node"] == runner.node for _, md in seen.named("shed.change"))

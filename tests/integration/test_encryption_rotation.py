@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -98,27 +99,36 @@ def test_no_plaintext_in_the_table_archive_errors_logs_or_status(
 
 
 def test_rotation_with_jobs_in_flight(
-    db_url: str, conn: psycopg.Connection[Any], runner_processes: Callable[..., RunnerProcess]
+    db_url: str,
+    conn: psycopg.Connection[Any],
+    runner_processes: Callable[..., RunnerProcess],
+    tmp_path: Path,
 ) -> None:
-    total = 400
-    shigoto.enqueue_many([{"worker": w.slow, "args": {"card": f"{SECRET}-{i}", "seconds": 0.04}}
-                          for i in range(total)])  # fmt: skip
+    """Runners hold 8 jobs executing (a gate file) while rekey runs: those are skipped and
+    reported, the waiting ones re-sealed under B; once the gate opens every job completes,
+    old and new envelopes alike, and a second rekey leaves every row under B."""
+    total, gate = 200, str(tmp_path / "gate")
+    jobs = [{"worker": w.gated, "args": {"card": f"{SECRET}-{i}", "gate": gate}}
+            for i in range(total)]  # fmt: skip
+    shigoto.enqueue_many(jobs)
     kids = conn.execute("SELECT DISTINCT args ->> 'kid' FROM shigoto_jobs").fetchall()
     assert kids == [(KID_A,)]
 
     # Step 1 of the procedure: the runners get B first, A after it.
     for _ in range(2):
         runner_processes(workers=WORKERS, queue="default=4", env={ENV_VAR: f"{B},{A}"})
-    wait_until(lambda: states(conn).get("completed", 0) >= 20, timeout=60,
-               message="runners under way")  # fmt: skip
+    wait_until(lambda: states(conn).get("executing") == 8, timeout=60,
+               message="8 jobs in flight")  # fmt: skip
 
     first = cli(db_url, "rekey", "--batch-size", "50", "--json", keys=f"{B},{A}")
-    assert first.returncode in (0, 3), first.stderr
+    assert first.returncode == 3, first.stderr  # the jobs in flight remain
     report = json.loads(first.stdout)
-    assert report["kid"] == KID_B and report["tables"][0]["rows"] > 0
-    # The rotation really overlapped the work: jobs were still waiting or running after it.
-    assert states(conn).get("completed", 0) < total
+    assert report["kid"] == KID_B
+    assert report["tables"][0]["rows"] == total - 8
+    assert report["tables"][0]["remaining_executing"] == 8
+    assert states(conn) == {"executing": 8, "available": total - 8}
 
+    open(gate, "w").close()
     wait_until(lambda: states(conn) == {"completed": total}, timeout=120,
                message="every job completed")  # fmt: skip
     final = cli(db_url, "rekey", keys=f"{B},{A}")

@@ -99,3 +99,16 @@ def plain_fails(card: str) -> None:
 def batch_done(card: str, batch: dict[str, Any]) -> None:
     """A plain batch callback."""
     SEEN.append(("batch_done", {"card": card, "total": batch["total"]}))
+
+
+@shigoto.worker(encrypted=True)
+def gated(card: str, gate: str) -> dict[str, Any]:
+    """Holds its job executing until the file `gate` exists (at most a minute), so a test
+    controls which jobs are in flight while it rotates keys."""
+    import os
+    import time
+
+    deadline = time.monotonic() + 60
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return {"ok": True}

@@ -12,7 +12,8 @@ the loop keep fresh:
   ready, that verdict is good, the loop is alive and the runner has not given up on too many
   stuck sync threads (`Runner.stuck_reason`, which stays reported after the runner stopped);
 - a depth poller refreshes the queue-depth gauge every `depth_interval`; the job counters
-  follow telemetry events (see `shigoto.ops.metrics`).
+  follow telemetry events (see `shigoto.ops.metrics`; every metric served on `/metrics` is
+  listed in docs/telemetry.md).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ import pytest
 
 import shigoto
 from shigoto import cron, telemetry
+from shigoto.ops.metrics import RunnerMetrics
 from tests.support import capacity_workers
 from tests.support.in_process import running
 from tests.support.waiting import until
@@ -211,15 +212,25 @@ async def test_one_runners_life_emits_every_other_event(
         rescue_after=2.0, rescue_interval=0.3,
     ) as runner:  # fmt: skip
         await until(lambda: runner.elector.is_leader, timeout=DEADLINE, message="it leads")
-        in_transaction = await enqueue_everything(conn, runner)
-        await until(lambda: expected <= seen.names(), timeout=DEADLINE,
-                    message="every documented event")  # fmt: skip
+        # The metrics and `window` follow the same events: attached and detached together,
+        # with no await in between, on the loop every runner event is emitted on.
+        metrics, window = RunnerMetrics(runner.node, process_metrics=False), Seen()
+        handle = telemetry.attach(window)
+        metrics.attach()
+        try:
+            in_transaction = await enqueue_everything(conn, runner)
+            await until(lambda: expected <= seen.names(), timeout=DEADLINE,
+                        message="every documented event")  # fmt: skip
+        finally:
+            metrics.detach()
+            telemetry.detach(handle)
         assert state_of(conn, rescued) == "available"  # in a queue nobody serves
     missing = expected - seen.names()
     assert not missing, f"documented events this run never emitted: {sorted(missing)}"
     check_keys(seen, documented_events())
     check_inserts(seen, in_transaction)
     check_claims_and_queues(seen, runner)
+    check_metrics(metrics, window)
 
 
 def check_inserts(seen: Seen, in_transaction: set[int]) -> None:
@@ -249,6 +260,28 @@ def check_claims_and_queues(seen: Seen, runner: shigoto.Runner) -> None:
     assert sorted(removed) == ["broadcast", "default", "extra"]  # extra, then the shutdown
     [(cancelled, cancel)] = seen.named("operator.cancel")
     assert cancelled["count"] == 1 and cancel["job_ids"] == cancel["filter"]["ids"]
+
+
+def total(metrics: RunnerMetrics, name: str) -> float:
+    """The sum of a metric's samples called `name` over all their labels."""
+    return sum(s.value for family in metrics.registry.collect() for s in family.samples
+               if s.name == name)  # fmt: skip
+
+
+def check_metrics(metrics: RunnerMetrics, seen: Seen) -> None:
+    """The metrics the events feed moved with this run (the runner's own events only)."""
+    claims = len(seen.named("job.claim"))
+    assert total(metrics, "shigoto_jobs_claimed_total") == claims
+    assert total(metrics, "shigoto_job_claim_delay_seconds_count") == claims
+    assert total(metrics, "shigoto_claim_batch_size_sum") == claims
+    assert total(metrics, "shigoto_jobs_retried_total") >= 1
+    assert total(metrics, "shigoto_job_attempts_count") >= 1
+    inserted = sum(m["count"] for m, _ in seen.named("job.insert"))
+    assert total(metrics, "shigoto_jobs_inserted_total") == inserted
+    assert total(metrics, "shigoto_insert_batch_size_sum") == inserted
+    assert total(metrics, "shigoto_jobs_operator_cancelled_total") == 1
+    assert metrics.registry.get_sample_value("shigoto_queue_concurrency", {"queue": "extra"}) \
+        is None  # added, then removed: its series is gone
 
 
 async def test_an_overloaded_runner_emits_shed_change(db_url: str, seen: Seen) -> None:

@@ -94,7 +94,7 @@ async def adrain_queue(
     node = f"drain-{os.getpid()}-{threading.get_ident()}"
     outcomes: Counter[str] = Counter()
     with ThreadPoolExecutor(1, thread_name_prefix="shigoto-drain") as threads:
-        executor = JobExecutor(node=node, resolve=lookup, threads=threads)
+        executor = JobExecutor(node=node, resolve=lookup, threads=threads, schema=stmts.schema)
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             if with_scheduled:
                 await conn.execute(

@@ -108,16 +108,17 @@ def test_a_bad_flow_setting_names_its_field(given: dict[str, Any], field: str) -
 
 def test_a_settings_row_becomes_a_queue_setting() -> None:
     limit = shigoto.RateLimit(10, per=2.0, burst=1)
-    row = ("q", 5, False, False, True, 3, 2, limit.to_json())
+    row = ("q", 5, False, False, True, 3, 2, limit.to_json(), True)
     assert queue_settings.setting_of(row) == queue_settings.QueueSetting(
-        5, False, False, fair=True, weight=3, partition_concurrency=2, rate_limit=limit
+        5, False, False, fair=True, weight=3, partition_concurrency=2, rate_limit=limit,
+        encrypted=True,
     )
 
 
 def test_a_stored_rate_limit_no_runner_can_use_is_left_out(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    row = ("q", None, False, False, False, 1, None, {"limit": 5, "unknown": 1})
+    row = ("q", None, False, False, False, 1, None, {"limit": 5, "unknown": 1}, False)
     assert queue_settings.setting_of(row).rate_limit is None
     assert "rate_limit ignored" in caplog.text
 

@@ -377,11 +377,9 @@ def setting_of(row: tuple[Any, ...]) -> QueueSetting:
     """A `QueueSetting` from a row of `fair_statements.READ_SETTINGS`. A rate limit no runner
     can use (the table's check forbids it; a newer client might write fields this one does not
     know) is logged and left out rather than stopping every queue's settings."""
-    _, limit, paused, fanout, fair, weight, cap, rate_limit = row[:8]
-    # `encrypted` is read when the statement selects it (a ninth column, migration 0018).
-    encrypted = bool(row[8]) if len(row) > 8 else False
+    _, limit, paused, fanout, fair, weight, cap, rate_limit, encrypted = row
     return QueueSetting(limit, bool(paused), bool(fanout), bool(fair), int(weight or 1), cap,
-                        _read_rate_limit(row[0], rate_limit), encrypted)  # fmt: skip
+                        _read_rate_limit(row[0], rate_limit), bool(encrypted))  # fmt: skip
 
 
 def _read_rate_limit(queue: str, data: Any) -> RateLimit | None:

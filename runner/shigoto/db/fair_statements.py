@@ -22,7 +22,8 @@ FLOW_DEFAULTS: dict[str, object] = {
 
 # Every setting the runners read, in `QueueSetting`'s order; one indexed read per interval.
 READ_SETTINGS = """
-SELECT name, global_concurrency, paused, fanout, fair, weight, partition_concurrency, rate_limit
+SELECT name, global_concurrency, paused, fanout, fair, weight, partition_concurrency, rate_limit,
+       encrypted
 FROM {queues} WHERE name = ANY(%(names)s)
 """
 

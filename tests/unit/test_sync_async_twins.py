@@ -35,6 +35,7 @@ BODIES: list[tuple[Any, Any]] = [
     (enqueuing.enqueue, enqueuing.aenqueue),
     (enqueuing.enqueue_many, enqueuing.aenqueue_many),
     (enqueuing._write, enqueuing._awrite),
+    (enqueuing.through, enqueuing.athrough),
     (enqueuing.enqueue_kwargs, enqueuing.aenqueue_kwargs),
     (enqueuing.EnqueueOptions.enqueue, enqueuing.EnqueueOptions.aenqueue),
     (inserts.insert, inserts.ainsert),
@@ -46,7 +47,8 @@ ASYNC_TO_SYNC = {
     "aenqueue": "enqueue", "aenqueue_many": "enqueue_many", "_awrite": "_write",
     "aenqueue_kwargs": "enqueue_kwargs", "ainsert": "insert", "_awrite_many": "_write_many",
     "arecord": "record", "async_pool": "sync_pool", "AsyncConnection": "Connection",
-    "AsyncCursor": "Cursor",
+    "AsyncCursor": "Cursor", "athrough": "through", "_awriter": "_writer",
+    "async_enqueue_chain": "sync_enqueue_chain", "AsyncWrite": "Write",
 }  # fmt: skip
 
 

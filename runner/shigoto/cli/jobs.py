@@ -194,8 +194,9 @@ def _fields_table(shown: dict[str, Any]) -> Table:
                  "max_attempts", "timeout", "scheduled_at", "inserted_at", "attempted_at",
                  "attempted_by", "finished_at", "progress", "tags", "unique_key", "batch_id",
                  "partition_key"):  # fmt: skip
-        if shown.get(name) not in (None, [], ""):
-            table.add_row(name, _pretty(shown[name]))
+        value = shown.get(name)
+        if value not in (None, [], ""):
+            table.add_row(name, _cell(", ".join(value)) if name == "tags" else _pretty(value))
     for name in ("args", "result", "meta"):
         table.add_row(name, _pretty(shown[name]))
     return table

@@ -413,7 +413,8 @@ def _borrow(
     if conn is not None:
         yield conn
         return
-    with database.sync_pool(config.database_url(database_url)).connection() as pooled:
+    pool = database.sync_pool(config.database_url(database_url))
+    with pool.connection() as pooled:
         yield pooled
 
 

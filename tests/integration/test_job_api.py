@@ -4,6 +4,7 @@ archive), delete finished jobs, wait for an outcome; sync and async twins; `conn
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -12,6 +13,9 @@ import pytest
 
 import shigoto
 from shigoto.client import jobs as job_api
+from shigoto.db import inserts
+from shigoto.encryption import ENV_VAR, DecryptionError, Key, KeyRing, is_envelope, sealing
+from tests.support import encryption_workers
 from tests.support.in_process import running
 from tests.support.waiting import db_now, until
 
@@ -252,6 +256,31 @@ async def test_wait_for_times_out_and_a_missing_job_is_not_found(db_url: str) ->
     with pytest.raises(shigoto.ValidationError) as bad:
         shigoto.wait_for(job.id, timeout=-1)
     assert bad.value.field == "timeout"
+
+
+@pytest.fixture
+def key_ring(monkeypatch: pytest.MonkeyPatch) -> Iterator[KeyRing]:
+    """A key for this process (client and in-process runner); forgotten afterwards."""
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    ring = KeyRing([Key.from_secret(b"k" * 32)])
+    sealing.use_keys(ring)
+    inserts._ENCRYPTED_QUEUES.clear()
+    yield ring
+    sealing.reload_keys()
+    inserts._ENCRYPTED_QUEUES.clear()
+
+
+async def test_wait_for_opens_the_sealed_result_of_an_encrypted_job(
+    db_url: str, key_ring: KeyRing
+) -> None:
+    job = await shigoto.aenqueue(encryption_workers.echo, {"card": encryption_workers.SECRET})
+    async with running(db_url, imports=["tests.support.encryption_workers"]):
+        assert await shigoto.await_for(job.id, timeout=30) == {"card": encryption_workers.SECRET}
+    stored = shigoto.get_job(job.id)
+    assert stored is not None and is_envelope(stored.result)  # stored sealed, as it was
+    sealing.use_keys(None)  # a process without the key is told so, naming no value
+    with pytest.raises(DecryptionError):
+        shigoto.wait_for(job.id, timeout=5)
 
 
 # -- conn= and the async twins ------------------------------------------------------------------

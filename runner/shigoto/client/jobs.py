@@ -42,6 +42,8 @@ from psycopg.types.json import Jsonb
 from shigoto import config
 from shigoto.db import database, job_statements, steps
 from shigoto.db.steps import Steps
+from shigoto.encryption import JobBinding, is_envelope
+from shigoto.encryption.sealing import process_ring, sealed_or_plain
 from shigoto.errors import Error, ValidationError
 from shigoto.job import FINISHED_STATES, JOB_COLUMNS, Job, JobState
 
@@ -371,13 +373,23 @@ def _relatives_steps(job: Job, schema: str) -> Steps[Relatives]:
     return Relatives(parents, children)
 
 
-def _outcome(job: JobRecord) -> Any:
+def _outcome(job: JobRecord, schema: str) -> Any:
     """What wait_for hands back for a final job: its result, or its failure raised."""
     if job.state == JobState.COMPLETED:
-        return job.result
+        return _opened(job, schema)
     if job.state == JobState.CANCELLED:
         raise JobCancelled(job)
     raise JobFailed(job)
+
+
+def _opened(job: JobRecord, schema: str) -> Any:
+    """The result of `job` in plaintext. An encrypted job's is stored sealed: it is opened with
+    this process's keys (SHIGOTO_ENCRYPTION_KEYS), as a runner opens a parent's result, and a
+    result that cannot be opened raises DecryptionError naming the key id, never a value."""
+    if not is_envelope(job.result):
+        return job.result
+    binding = JobBinding(schema=schema, queue=job.queue, worker=job.worker, job_id=job.id)
+    return sealed_or_plain(job.result, binding, job.meta, "result").open(process_ring())
 
 
 class _Deadline:
@@ -521,7 +533,8 @@ def wait_for(
 ) -> Any:
     """Wait until job `job_id` is final and return its result; raise `JobFailed` if it was
     discarded, `JobCancelled` if cancelled, `WaitTimeout` (a TimeoutError) after `timeout`
-    seconds (None: no limit), `JobNotFound` if there is no such job.
+    seconds (None: no limit), `JobNotFound` if there is no such job. The result of an
+    encrypted job is opened with this process's keys.
 
     With `conn=`, each look runs on that connection: in a transaction it must be READ
     COMMITTED (a repeatable-read snapshot would never see the job finish)."""
@@ -531,7 +544,7 @@ def wait_for(
         with _borrow(conn, database_url) as c:
             seen = steps.run(c, _poll_steps(deadline.job_id, name))
         if isinstance(seen, JobRecord):
-            return _outcome(seen)
+            return _outcome(seen, name)
         _pause(deadline.pause(seen))
 
 
@@ -627,7 +640,7 @@ async def await_for(
         async with _aborrow(conn, database_url) as c:
             seen = await steps.arun(c, _poll_steps(deadline.job_id, name))
         if isinstance(seen, JobRecord):
-            return _outcome(seen)
+            return _outcome(seen, name)
         await _apause(deadline.pause(seen))
 
 

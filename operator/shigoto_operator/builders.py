@@ -110,7 +110,8 @@ def runner_args(spec: QueueSpec) -> list[str]:
 
 
 def env(spec: QueueSpec) -> list[dict[str, Any]]:
-    """The database URL from the Secret (never copied into the manifest), then the user's env."""
+    """The database URL (and the encryption keys) from their Secrets, never copied into the
+    manifest, then the user's env."""
     ref = spec.database
     return [
         {
@@ -118,8 +119,18 @@ def env(spec: QueueSpec) -> list[dict[str, Any]]:
             "valueFrom": {"secretKeyRef": {"name": ref.secret_name, "key": ref.secret_key}},
         },
         {"name": "SHIGOTO_SCHEMA", "value": ref.schema},
+        *_encryption_env(spec),
         *copy.deepcopy(list(spec.runner.env)),
     ]
+
+
+def _encryption_env(spec: QueueSpec) -> list[dict[str, Any]]:
+    """The encryption keys from their Secret, never copied into the manifest."""
+    if spec.encryption_keys is None:
+        return []
+    name, key = spec.encryption_keys
+    return [{"name": "SHIGOTO_ENCRYPTION_KEYS",
+             "valueFrom": {"secretKeyRef": {"name": name, "key": key}}}]  # fmt: skip
 
 
 def _container_security() -> dict[str, Any]:

@@ -309,6 +309,36 @@ QUEUE_SCHEMA: dict[str, Any] = {
             default=1,
         ),
         "rateLimit": _rate_limit(),
+        "encryption": {
+            "type": "object",
+            "description": "Encryption at rest (AES-256-GCM) of job args: the runner pods get "
+            "their keys from a Secret as SHIGOTO_ENCRYPTION_KEYS (comma-separated base64 "
+            "32-byte keys, newest first). Pods read the keys at start: after rotating the "
+            "Secret, restart them (kubectl rollout restart) and run `shigoto rekey`.",
+            "required": ["keysSecretRef"],
+            "properties": {
+                "keysSecretRef": {
+                    "type": "object",
+                    "description": "The Secret key holding the comma-separated keys.",
+                    "required": ["name"],
+                    "properties": {
+                        "name": _string("Name of the Secret.", minLength=1, maxLength=253),
+                        "key": _string(
+                            "Key in the Secret holding the keys.",
+                            minLength=1,
+                            maxLength=253,
+                            default="keys",
+                        ),
+                    },
+                },
+                "encryptQueue": _boolean(
+                    "Encrypt every job of this queue, whatever its worker says (written as "
+                    "shigoto.set_queue(encrypted=True); the database then refuses plaintext "
+                    "args into the queue).",
+                    default=False,
+                ),
+            },
+        },
         "database": _database(),
         "runner": {
             "type": "object",

@@ -226,6 +226,7 @@ async def _apply_settings(
                 weight=spec.weight,
                 partition_concurrency=spec.partition_concurrency,
                 rate_limit=dict(spec.rate_limit) if spec.rate_limit else None,
+                encrypted=spec.encrypt_queue,
             )
             changed = await asyncio.wait_for(write, QUERY_TIMEOUT)
     except _DB_ERRORS as exc:
@@ -249,6 +250,9 @@ async def _apply_settings(
             "FanoutApplied",
             f"queue {spec.queue_name}: fanout={str(spec.fanout).lower()}",
         )
+    if "encrypted" in changed:
+        emit("Normal", "EncryptionApplied",
+             f"queue {spec.queue_name}: encrypted={str(spec.encrypt_queue).lower()}")  # fmt: skip
     flow = sorted(changed & FLOW_SETTINGS)
     if flow:
         emit("Normal", "FlowControlApplied",
@@ -258,6 +262,7 @@ async def _apply_settings(
 
 #: The flow-control settings (docs/flow-control.md) `write_settings` reports as changed.
 FLOW_SETTINGS = frozenset({"fair", "weight", "partition_concurrency", "rate_limit"})
+
 
 
 def _describe_flow(spec: QueueSpec, changed: list[str]) -> str:

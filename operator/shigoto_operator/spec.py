@@ -118,6 +118,10 @@ class QueueSpec:
     weight: int = 1
     partition_concurrency: int | None = None
     rate_limit: Mapping[str, Any] | None = None
+    #: Encryption: (Secret name, key) holding SHIGOTO_ENCRYPTION_KEYS for the runner pods, and
+    #: whether the whole queue is encrypted (`shigoto.set_queue(encrypted=)`).
+    encryption_keys: tuple[str, str] | None = None
+    encrypt_queue: bool = False
 
 
 @dataclass(frozen=True)
@@ -412,6 +416,21 @@ def _rate_limit(value: Any) -> dict[str, Any] | None:
             "by_partition": _boolean(r.get("byPartition", False), "rateLimit.byPartition")}
 
 
+def _encryption(value: Any) -> tuple[tuple[str, str] | None, bool]:
+    if value is None:
+        return None, False
+    e = _object(value, "encryption")
+    unknown = sorted(set(e) - {"keysSecretRef", "encryptQueue"})
+    if unknown:
+        raise SpecError(f"encryption.{unknown[0]}", "give keysSecretRef and encryptQueue")
+    ref = _object(e.get("keysSecretRef"), "encryption.keysSecretRef", required=True)
+    name = _string(ref.get("name"), "encryption.keysSecretRef.name", required=True,
+                   max_length=253)  # fmt: skip
+    key = _string(ref.get("key", "keys"), "encryption.keysSecretRef.key", required=True)
+    assert name and key
+    return (name, key), _boolean(e.get("encryptQueue", False), "encryption.encryptQueue")
+
+
 # --- the two kinds ---------------------------------------------------------------------------
 
 
@@ -436,6 +455,7 @@ def parse_queue(name: str, namespace: str, spec: Mapping[str, Any] | None) -> Qu
     global_concurrency = s.get("globalConcurrency")
     if global_concurrency is not None:
         global_concurrency = _integer(global_concurrency, "globalConcurrency", minimum=1)
+    encryption = _encryption(s.get("encryption"))
     return QueueSpec(
         name=name,
         namespace=namespace,
@@ -455,6 +475,8 @@ def parse_queue(name: str, namespace: str, spec: Mapping[str, Any] | None) -> Qu
             else _integer(s["partitionConcurrency"], "partitionConcurrency", minimum=1)
         ),
         rate_limit=_rate_limit(s.get("rateLimit")),
+        encryption_keys=encryption[0],
+        encrypt_queue=encryption[1],
     )
 
 

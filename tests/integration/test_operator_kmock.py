@@ -283,27 +283,32 @@ async def test_queue_flow_settings_are_written_to_the_queue_settings(
 
     def stored() -> Any:
         return conn.execute(
-            "SELECT fair, weight, partition_concurrency, rate_limit FROM shigoto_queues "
-            "WHERE name = 'tenants'"
+            "SELECT fair, weight, partition_concurrency, rate_limit, encrypted "
+            "FROM shigoto_queues WHERE name = 'tenants'"
         ).fetchone()
 
     limit = {"limit": 50, "per": 10, "algorithm": "gcra", "burst": 0, "by_partition": True}
     async with running_operator(kmock) as cluster:
         cluster.add_secret("pg", {"url": db_url})
         spec = queue_spec(queueName="tenants", fair=True, weight=3, partitionConcurrency=2,
-                          rateLimit={"limit": 50, "per": 10, "byPartition": True})  # fmt: skip
+                          rateLimit={"limit": 50, "per": 10, "byPartition": True},
+                          encryption={"keysSecretRef": {"name": "keys"},
+                                      "encryptQueue": True})  # fmt: skip
         await cluster.create(k8s.QUEUES, QUEUE, "ten", spec)
-        await eventually(lambda: _value(stored() == (True, 3, 2, limit)), message="written")
+        await eventually(lambda: _value(stored() == (True, 3, 2, limit, True)), message="written")
         # The Event is posted after the write the test saw: wait for it too.
         await eventually(lambda: _value("FlowControlApplied" in cluster.event_reasons()),
                          message="FlowControlApplied event")  # fmt: skip
 
-        await cluster.patch_spec(k8s.QUEUES, "ten", {"rateLimit": None, "fair": False})
-        await eventually(lambda: _value(stored() == (False, 3, 2, None)), message="changed")
+        await cluster.patch_spec(k8s.QUEUES, "ten", {"rateLimit": None, "fair": False,
+                                                     "encryption": None})  # fmt: skip
+        await eventually(lambda: _value(stored() == (False, 3, 2, None, False)),
+                         message="changed")  # fmt: skip
 
         # drift: someone changes the weight in the database -> put back on the next pass
         conn.execute("UPDATE shigoto_queues SET weight = 9 WHERE name = 'tenants'")
-        await eventually(lambda: _value(stored() == (False, 3, 2, None)), message="drift undone")
+        await eventually(lambda: _value(stored() == (False, 3, 2, None, False)),
+                         message="drift undone")  # fmt: skip
 
 
 async def test_template_drift_is_corrected(kmock: Any, db_url: str) -> None:

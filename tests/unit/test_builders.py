@@ -375,3 +375,12 @@ def test_load_shedding_needs_a_positive_target() -> None:
     for bad in ({"intervalSeconds": 1}, {"targetSeconds": 0}, {"targetSeconds": 1, "x": 1}):
         with pytest.raises(SpecError, match=r"runner\.loadShedding"):
             spec(runner={"image": "w:1", "loadShedding": bad})
+
+
+def test_encryption_keys_come_from_their_secret_never_the_manifest() -> None:
+    queue = spec(encryption={"keysSecretRef": {"name": "keys-secret"}, "encryptQueue": True})
+    [keys] = [e for e in builders.env(queue) if e["name"] == "SHIGOTO_ENCRYPTION_KEYS"]
+    ref = {"name": "keys-secret", "key": "keys"}
+    assert keys == {"name": "SHIGOTO_ENCRYPTION_KEYS", "valueFrom": {"secretKeyRef": ref}}
+    assert queue.encrypt_queue is True
+    assert not [e for e in builders.env(spec()) if e["name"] == "SHIGOTO_ENCRYPTION_KEYS"]

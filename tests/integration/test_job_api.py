@@ -14,6 +14,7 @@ import pytest
 import shigoto
 from shigoto.client import jobs as job_api
 from shigoto.db import inserts
+from shigoto.db.migrate import load_migrations
 from shigoto.encryption import ENV_VAR, DecryptionError, Key, KeyRing, is_envelope, sealing
 from tests.support import encryption_workers
 from tests.support.in_process import running
@@ -316,3 +317,26 @@ async def test_async_twins_with_and_without_conn(db_url: str, conn: psycopg.Conn
     with pytest.raises(shigoto.ValidationError) as err:
         await shigoto.adelete_jobs(state="available")
     assert err.value.field == "state"
+
+
+# -- migration 0019 -----------------------------------------------------------------------------
+
+LISTING_INDEXES = {
+    "shigoto_jobs_queue_list_idx", "shigoto_jobs_worker_list_idx",
+    "shigoto_jobs_archive_queue_list_idx", "shigoto_jobs_archive_worker_list_idx",
+    "shigoto_jobs_archive_state_list_idx", "shigoto_jobs_archive_tags_idx",
+}  # fmt: skip
+
+
+def test_migration_0019_makes_the_listing_indexes_and_runs_again_unchanged(
+    conn: psycopg.Connection,
+) -> None:
+    def listing_indexes() -> set[str]:
+        rows = conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = 'public'"
+                            " AND indexname = ANY(%s)", (sorted(LISTING_INDEXES),))  # fmt: skip
+        return {r[0] for r in rows}
+
+    assert listing_indexes() == LISTING_INDEXES
+    migration = next(m for m in load_migrations() if m.version == 19)
+    conn.execute(migration.sql)  # type: ignore[arg-type]
+    assert listing_indexes() == LISTING_INDEXES

@@ -96,7 +96,7 @@ def test_pages_of_1000_return_2500_jobs_once_each_newest_first_while_jobs_arrive
         after = page.next
         # Between pages: new jobs arrive, and jobs still ahead of the cursor move to the archive.
         shigoto.enqueue_many([{"worker": "app.w", "args": {"late": n}} for n in range(25)])
-        _archive(conn, [i for i in expected[len(seen):len(seen) + 100]])
+        _archive(conn, [i for i in expected[len(seen) : len(seen) + 100]])
 
     assert seen == expected
     assert [len(p) for p in pages] == [1000, 1000, 500]

@@ -49,8 +49,12 @@ def add_parsers(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> 
                             "a time")  # fmt: skip
     common(c)
     _filters(c)
-    c.add_argument("--limit", type=int, default=jobs.DEFAULT_LIMIT,
-                   help=f"jobs per page, 1 to {jobs.MAX_LIMIT} (default {jobs.DEFAULT_LIMIT})")
+    c.add_argument(
+        "--limit",
+        type=int,
+        default=jobs.DEFAULT_LIMIT,
+        help=f"jobs per page, 1 to {jobs.MAX_LIMIT} (default {jobs.DEFAULT_LIMIT})",
+    )
     c.add_argument("--after", metavar="CURSOR", help="the next page: the cursor the previous "
                    "page printed")  # fmt: skip
     c.add_argument("--json", action="store_true")
@@ -73,15 +77,26 @@ def _filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state", action="append", dest="states",
                    help="a state, repeatable or comma-separated")  # fmt: skip
     p.add_argument("--tag")
-    p.add_argument("--args-contains", metavar="JSON",
-                   help='a JSON object the args contain, e.g. \'{"invoice_id": 42}\'')
-    p.add_argument("--inserted-after", metavar="TIME",
-                   help="ISO 8601 time with its offset, e.g. 2026-01-31T12:00:00+00:00")
+    p.add_argument(
+        "--args-contains",
+        metavar="JSON",
+        help="a JSON object the args contain, e.g. '{\"invoice_id\": 42}'",
+    )
+    p.add_argument(
+        "--inserted-after",
+        metavar="TIME",
+        help="ISO 8601 time with its offset, e.g. 2026-01-31T12:00:00+00:00",
+    )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--archived", dest="archived", action="store_const", const=True,
                        help="archived jobs only")  # fmt: skip
-    where.add_argument("--live", dest="archived", action="store_const", const=False,
-                       help="jobs not archived only (default: both)")
+    where.add_argument(
+        "--live",
+        dest="archived",
+        action="store_const",
+        const=False,
+        help="jobs not archived only (default: both)",
+    )
 
 
 # -- flags to API arguments (pure) ------------------------------------------------------------

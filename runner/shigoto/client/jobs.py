@@ -188,8 +188,11 @@ def _after_time(value: Any) -> datetime | None:
     if value is None:
         return None
     if not isinstance(value, datetime) or value.tzinfo is None:
-        raise ValidationError("inserted_after", "must be a timezone-aware datetime, e.g. "
-                              f"datetime.now(timezone.utc) - timedelta(hours=1), got {value!r}")
+        raise ValidationError(
+            "inserted_after",
+            "must be a timezone-aware datetime, e.g. "
+            f"datetime.now(timezone.utc) - timedelta(hours=1), got {value!r}",
+        )
     return value
 
 

@@ -91,3 +91,28 @@ def test_waiting_grows_its_pause_to_the_cap_and_never_past_the_deadline() -> Non
     with pytest.raises(jobs.WaitTimeout) as err:
         done.pause("scheduled")
     assert isinstance(err.value, TimeoutError) and err.value.state == "scheduled"
+
+
+def _statements(work: Any) -> list[str]:
+    """The statements a conversation sends when every one of them returns no rows."""
+    from shigoto.db.steps import Result
+
+    sent: list[str] = []
+    try:
+        query, _ = next(work)
+        while True:
+            sent.append(query.as_string(None))
+            query, _ = work.send(Result())
+    except StopIteration:
+        return sent
+
+
+def test_listing_live_states_never_reads_the_archive_which_holds_finished_jobs_only() -> None:
+    def listing(states: list[str], archived: bool | None) -> list[str]:
+        f = jobs._filter(None, None, states, None, None, None)
+        return _statements(jobs._list_steps(f, None, 10, jobs._archived(archived), "public"))
+
+    assert "shigoto_jobs_archive" not in listing(["available", "executing"], None)[0]
+    assert "shigoto_jobs_archive" in listing(["available", "completed"], None)[0]
+    assert "shigoto_jobs_archive" in listing([], None)[0]
+    assert listing(["available"], True) == []  # nothing to ask: no query at all

@@ -324,6 +324,10 @@ def _get_steps(job_id: int, schema: str) -> Steps[JobRecord | None]:
 def _list_steps(
     f: JobFilter, after: int | None, limit: int, tables: tuple[bool, ...], schema: str
 ) -> Steps[JobPage]:
+    if f.states and not set(f.states) & set(_FINISHED):
+        tables = tuple(t for t in tables if not t)  # the archive holds finished jobs only
+    if not tables:
+        return JobPage([])
     where, params = f.where(below=after)
     # One row past the page says whether another page follows, without a count.
     rows = (yield job_statements.list_jobs(schema, where, tables), {**params, "limit": limit + 1}

@@ -245,3 +245,24 @@ async def test_cancelling_the_chain_cancels_the_steps_bridged_to_the_loop(
         await task
     await asyncio.wait_for(cancelled.wait(), 10)
     assert await asyncio.to_thread(thread_done.wait, 10)  # the parked thread was let go
+
+
+# -- the testing modes run both chains ---------------------------------------------------------
+
+
+def test_inline_mode_runs_enqueue_and_execution_middleware() -> None:
+    from shigoto import testing
+    from shigoto.middleware import with_meta
+    from tests.support import middleware_workers as mw
+
+    def tenant(specs: list[Any], call_next: Any) -> Any:
+        return call_next([with_meta(s, {"tenant": "acme"}) for s in specs])
+
+    shigoto.use_enqueue_middleware(tenant)
+    shigoto.use_middleware(mw.sync_mw("g"))
+    mw.trail.clear()
+    with testing.inline():
+        job = shigoto.enqueue(mw.doubled, {"n": 4})
+    assert job.meta == {"tenant": "acme"}
+    assert job.result == 8  # the worker's own middleware ran too
+    assert mw.trail.names() == ["g>", "<g"]

@@ -261,8 +261,11 @@ class JobFilter:
         return not (self.queue or self.worker or self.states or self.tag or self.args_contains
                     or self.inserted_after)  # fmt: skip
 
-    def where(self, below: int | None = None) -> tuple[sql.Composable, dict[str, Any]]:
-        """The WHERE text and its parameters; `below` keeps only ids under a cursor's."""
+    def where(
+        self, below: int | None = None, above: int | None = None
+    ) -> tuple[sql.Composable, dict[str, Any]]:
+        """The WHERE text and its parameters; `below` keeps only ids under a cursor's, `above`
+        only ids over the last one a delete batch removed."""
         checks = [
             ("queue = %(queue)s", "queue", self.queue),
             # Exact names only: an equality the listing index (worker, id) can serve.
@@ -273,6 +276,7 @@ class JobFilter:
              None if self.args_contains is None else Jsonb(self.args_contains)),
             ("inserted_at > %(inserted_after)s", "inserted_after", self.inserted_after),
             ("id < %(below)s", "below", below),
+            ("id > %(above)s", "above", above),
         ]  # fmt: skip
         parts = [sql.SQL(text) for text, _, value in checks if value is not None]
         params = {name: value for _, name, value in checks if value is not None}
@@ -337,20 +341,24 @@ def _list_steps(
 
 
 def _delete_steps(f: JobFilter, tables: tuple[bool, ...], dry_run: bool, schema: str) -> Steps[int]:
-    where, params = f.where()
-    params = {**params, "finished": _FINISHED, "batch": DELETE_BATCH}
     total = 0
     # The live table first: a job the pruner moves meanwhile is then found in the archive.
     for archived in sorted(tables):
         if dry_run:
-            found = (yield job_statements.count_finished(schema, where, archived), params).one()
+            where, params = f.where()
+            found = (yield job_statements.count_finished(schema, where, archived),
+                     {**params, "finished": _FINISHED}).one()  # fmt: skip
             total += int(found[0]) if found else 0
             continue
+        last = 0  # each batch starts past the previous one's ids: a long delete stays linear
         while True:
-            deleted = (yield job_statements.delete_batch(schema, where, archived), params).rowcount
-            total += deleted
-            if deleted < DELETE_BATCH:
+            where, params = f.where(above=last)
+            ids = (yield job_statements.delete_batch(schema, where, archived),
+                   {**params, "finished": _FINISHED, "batch": DELETE_BATCH}).rows  # fmt: skip
+            total += len(ids)
+            if len(ids) < DELETE_BATCH:
                 break
+            last = max(row[0] for row in ids)
     return total
 
 

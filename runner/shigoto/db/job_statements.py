@@ -77,7 +77,8 @@ def list_jobs(schema: str, where: sql.Composable, tables: tuple[bool, ...]) -> s
 # deleting millions of rows never holds millions of row locks, and SKIP LOCKED passes over a
 # row someone is changing right now (a retry, the pruner moving it) instead of waiting on it.
 # The state is checked again on the locked row: a finished job retried meanwhile is not
-# finished any more. Fewer rows than the batch means nothing unlocked is left to delete.
+# finished any more. Fewer rows than the batch means nothing unlocked is left to delete; the
+# ids returned let the next batch start after them (in `{where}`), not rescan from the start.
 _DELETE_BATCH = """
 WITH doomed AS (
     SELECT id FROM {table}
@@ -88,6 +89,7 @@ WITH doomed AS (
 )
 DELETE FROM {table} AS t USING doomed
 WHERE t.id = doomed.id AND t.state = ANY(%(finished)s)
+RETURNING t.id
 """
 
 

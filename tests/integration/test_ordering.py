@@ -25,9 +25,8 @@ pytestmark = pytest.mark.usefixtures("db_url", "worker_probe")
 def claim(conn: psycopg.Connection[Any], limit: int, queue: str = "default") -> list[int]:
     """One claim with the runner's own statement; ids in the order the runner starts them."""
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(
-            statements.statements("public").claim, {"queue": queue, "limit": limit, "node": "test"}
-        )
+        params = {"queue": queue, "limit": limit, "node": "test", "min_priority": None}
+        cur.execute(statements.statements("public").claim, params)
         rows = cur.fetchall()
     rows.sort(key=lambda r: (-r["priority"], r["scheduled_at"], r["id"]))
     return [r["id"] for r in rows]

@@ -34,3 +34,14 @@ def record_run() -> None:
 def slow_run(ms: int = 100) -> None:
     """Runs for `ms`, so jobs of one partition overlap unless something keeps them apart."""
     _record(ms)
+
+
+@shigoto.worker(name="fair.own_partition")
+def own_partition() -> str | None:
+    """Returns the partition key its context reports."""
+    return shigoto.current_job().partition_key
+
+
+@shigoto.worker(name="fair.own_partition_isolated", isolation="process")
+def own_partition_isolated() -> str | None:
+    return shigoto.current_job().partition_key

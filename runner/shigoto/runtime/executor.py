@@ -308,7 +308,7 @@ class JobExecutor:
         return JobContext(
             id=job.id, attempt=job.attempt, args=job.args, worker=job.worker, queue=job.queue,
             max_attempts=self._max_attempts(job, worker), tags=list(job.tags), meta=job.meta,
-            _progress_sink=self._progress_sink(job),
+            partition_key=job.partition_key, _progress_sink=self._progress_sink(job),
         )  # fmt: skip
 
     async def _perform(self, job: Job, worker: Worker, ctx: JobContext) -> Any:

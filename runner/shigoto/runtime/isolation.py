@@ -45,6 +45,7 @@ def _fields(ctx: JobContext) -> dict[str, Any]:
         "id": ctx.id, "attempt": ctx.attempt, "args": ctx.args, "worker": ctx.worker,
         "queue": ctx.queue, "max_attempts": ctx.max_attempts, "tags": ctx.tags,
         "meta": ctx.meta, "parent_results": ctx.parent_results,
+        "partition_key": ctx.partition_key,
     }  # fmt: skip
 
 

@@ -465,12 +465,13 @@ class JobExecutor:
     ) -> Completion:  # fmt: skip
         entry = error_entry(job.attempt, error)
         kind = "timeout" if isinstance(error, JobTimeoutError) else "failure"
+        max_attempts = self._max_attempts(job, worker)
         telemetry.emit(
             "job.exception",
             {"duration": duration, "queue_time": _queue_time(job)},
-            {"job": job, "node": self.node, "error": error, "kind": kind},
-        )
-        max_attempts = self._max_attempts(job, worker)
+            {"job": job, "node": self.node, "error": error, "kind": kind,
+             "retry": job.attempt < max_attempts},
+        )  # fmt: skip
         if job.attempt >= max_attempts:
             self._log_failure(job, error, kind, max_attempts, None, sealed)
             return await self._discard(job, worker, entry, duration, error, sealed)

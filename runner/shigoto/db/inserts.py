@@ -540,13 +540,18 @@ def _by_key(values: list[tuple[Any, ...]]) -> dict[str, Job]:
 
 
 def _emit(context: InsertContext, result: Inserted, started: float) -> None:
+    """`job.insert` as the statement ran (docs/telemetry.md): `in_transaction` tells a
+    subscriber the rows still wait on an open transaction, the caller's, which may roll back."""
+    if not telemetry.enabled("job.insert"):
+        return
     new = [job for i, job in enumerate(result.jobs) if i not in result.conflicts]
     telemetry.emit(
         "job.insert",
         {"count": len(new), "conflicts": len(result.conflicts),
          "duration": time.monotonic() - started},
         {"source": context.source, "schema": context.schema,
-         "queues": sorted({job.queue for job in new})},
+         "queues": sorted({job.queue for job in new}), "jobs": new,
+         "in_transaction": context.conn.info.transaction_status != TransactionStatus.IDLE},
     )  # fmt: skip
 
 

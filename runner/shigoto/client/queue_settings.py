@@ -285,6 +285,8 @@ def set_queue(
         changed = steps.run(conn, work)
     if "forward" in changed:
         _forward_event(name, stored, schema)
+    if paused is not None:  # as pause_queue and resume_queue do
+        _paused_event(name, paused, schema)
     if encrypted:
         inserts.know_encrypted(config.schema(schema), name)
 
@@ -316,6 +318,8 @@ async def aset_queue(
         changed = await steps.arun(conn, work)
     if "forward" in changed:
         _forward_event(name, stored, schema)
+    if paused is not None:  # as pause_queue and resume_queue do
+        _paused_event(name, paused, schema)
     if encrypted:
         inserts.know_encrypted(config.schema(schema), name)
 

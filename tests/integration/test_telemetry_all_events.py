@@ -179,7 +179,7 @@ async def enqueue_everything(conn: psycopg.Connection[Any], runner: shigoto.Runn
     waiting = shigoto.enqueue(fine, schedule_in=3600)
     shigoto.cancel_by(ids=[waiting.id])
     shigoto.pause_queue("elsewhere")
-    shigoto.resume_queue("elsewhere")
+    shigoto.set_queue("elsewhere", paused=False)  # set_queue pauses and resumes alike
     runner.add_queue("extra", 1)
     await until(lambda: "extra" in runner.producers, timeout=DEADLINE, message="extra served")
     await runner.remove_queue("extra")
@@ -258,6 +258,7 @@ def check_claims_and_queues(seen: Seen, runner: shigoto.Runner) -> None:
     assert added == {("default", 5), ("broadcast", 1), ("extra", 1)}
     removed = [md["queue"] for _, md in seen.named("queue.remove")]
     assert sorted(removed) == ["broadcast", "default", "extra"]  # extra, then the shutdown
+    assert [md["queue"] for _, md in seen.named("queue.resume")] == ["elsewhere"]
     [(cancelled, cancel)] = seen.named("operator.cancel")
     assert cancelled["count"] == 1 and cancel["job_ids"] == cancel["filter"]["ids"]
 

@@ -8,7 +8,6 @@ emits none of them. Real PostgreSQL, real runners in this event loop.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +18,7 @@ import shigoto
 from shigoto import telemetry
 from shigoto.ops.metrics import RunnerMetrics
 from tests.support.in_process import running
+from tests.support.telemetry_recorder import Recorder as Seen
 from tests.support.waiting import until
 
 RELATION_EVENTS = ("workflow.release", "workflow.cancel", "batch.callback", "job.forward")
@@ -42,22 +42,6 @@ def child() -> None:
 @shigoto.worker
 def batch_done(**args: Any) -> None:
     return None
-
-
-class Seen:
-    """Every relation event, from any node, safe to read from the test."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, event: str, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
-        with self._lock:
-            self.events.append((event, dict(measurements), dict(metadata)))
-
-    def named(self, event: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        with self._lock:
-            return [(m, md) for e, m, md in self.events if e == event]
 
 
 @pytest.fixture

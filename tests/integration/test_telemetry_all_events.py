@@ -13,7 +13,6 @@ deadline; nothing asserts how long anything took.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +24,7 @@ from shigoto import cron, telemetry
 from shigoto.ops.metrics import RunnerMetrics
 from tests.support import capacity_workers
 from tests.support.in_process import running
+from tests.support.telemetry_recorder import Recorder as Seen
 from tests.support.waiting import until
 from tests.unit.test_telemetry_docs import documented_events
 
@@ -90,26 +90,6 @@ def refused_once() -> None:
 @shigoto.worker
 def batch_done(**_: Any) -> None:
     return None
-
-
-class Seen:
-    """Every event from any node (client events have none), safe to read from the test."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, event: str, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
-        with self._lock:
-            self.events.append((event, dict(measurements), dict(metadata)))
-
-    def named(self, event: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        with self._lock:
-            return [(m, md) for e, m, md in self.events if e == event]
-
-    def names(self) -> set[str]:
-        with self._lock:
-            return {e for e, _, _ in self.events}
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,6 +19,7 @@ import shigoto
 from shigoto import telemetry
 from shigoto.job import Job
 from tests.support.in_process import start, stop
+from tests.support.telemetry_recorder import Recorder
 from tests.support.waiting import until
 
 QUEUE = "default"
@@ -54,27 +54,6 @@ def called_off() -> None:
 @shigoto.worker(max_attempts=1, timeout=0.2)
 async def too_slow() -> None:
     await asyncio.sleep(30)
-
-
-class Recorder:
-    """A subscriber keeping the events of one runner node, safe to read from the test."""
-
-    def __init__(self, node: str) -> None:
-        self.node = node
-        self.events: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, event: str, measurements: dict[str, Any], metadata: dict[str, Any]) -> None:
-        if metadata.get("node") == self.node:
-            with self._lock:
-                self.events.append((event, dict(measurements), dict(metadata)))
-
-    def named(self, event: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        with self._lock:
-            return [(m, md) for e, m, md in self.events if e == event]
-
-    def for_worker(self, event: str, worker: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        return [(m, md) for m, md in self.named(event) if md["job"].worker == worker.name]
 
 
 def make_runner(db_url: str, **overrides: Any) -> shigoto.Runner:

@@ -350,7 +350,6 @@ def pause_queue(
     """Stop runners from claiming jobs of `name` (within seconds, on every runner); jobs
     already executing finish, and enqueueing goes on. Emits `queue.pause`."""
     set_queue(name, paused=True, database_url=database_url, schema=schema)
-    _paused_event(name, True, schema)
 
 
 async def apause_queue(
@@ -358,7 +357,6 @@ async def apause_queue(
 ) -> None:
     """`pause_queue` for asyncio."""
     await aset_queue(name, paused=True, database_url=database_url, schema=schema)
-    _paused_event(name, True, schema)
 
 
 def resume_queue(
@@ -366,7 +364,6 @@ def resume_queue(
 ) -> None:
     """Let runners claim jobs of `name` again. Emits `queue.resume`."""
     set_queue(name, paused=False, database_url=database_url, schema=schema)
-    _paused_event(name, False, schema)
 
 
 async def aresume_queue(
@@ -374,7 +371,6 @@ async def aresume_queue(
 ) -> None:
     """`resume_queue` for asyncio."""
     await aset_queue(name, paused=False, database_url=database_url, schema=schema)
-    _paused_event(name, False, schema)
 
 
 def setting_of(row: tuple[Any, ...]) -> QueueSetting:

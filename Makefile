@@ -4,7 +4,18 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean images
+.PHONY: demo test lint bench clean images system-tools
+
+# Two programs the test suite drives and pip cannot bring: Debian's chromium (the dashboard's
+# browser tests, through Playwright, never a downloaded browser) and promtool (the alert rules
+# of deploy/monitoring, from Debian's prometheus package). Installed only when missing.
+SYSTEM_PACKAGES := chromium prometheus
+system-tools:
+	@if command -v chromium >/dev/null && command -v promtool >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+		echo "make test needs chromium and promtool: install Debian's $(SYSTEM_PACKAGES)" >&2; exit 1; fi; \
+	DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +26,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/shigoto demo
 
-test: $(STAMP)
+test: $(STAMP) system-tools
 	$(BIN)/ruff check runner operator tests
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q -n 2

@@ -9,6 +9,12 @@ process itself, each with an env var so the operator Deployment can set it.
 | CronSchedule status refresh | `SHIGOTO_OPERATOR_CRON_STATUS_INTERVAL` | 10 s |
 | leader election retry, per database | `SHIGOTO_OPERATOR_LEADER_INTERVAL` | 2 s |
 | wait before re-checking an invalid Queue | `SHIGOTO_OPERATOR_RETRY_INTERVAL` | 10 s |
+| Prometheus `/metrics` port (0: off) | `SHIGOTO_OPERATOR_METRICS_PORT` | 9090 |
+| address of that port | `SHIGOTO_OPERATOR_METRICS_HOST` | 0.0.0.0 |
+| database probe for the metrics | `SHIGOTO_OPERATOR_METRICS_INTERVAL` | 15 s |
+
+The probe (reachability, oldest available job, live runners; see `metrics`) runs only while
+the metrics are served.
 """
 
 from __future__ import annotations
@@ -24,6 +30,10 @@ class OperatorConfig:
     cron_status_interval: float = 10.0
     leader_interval: float = 2.0
     retry_interval: float = 10.0
+    #: Prometheus scrapes pods by their IP, so every interface by default; 0 turns it off.
+    metrics_port: int = 9090
+    metrics_host: str = "0.0.0.0"
+    metrics_interval: float = 15.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> OperatorConfig:
@@ -39,6 +49,20 @@ class OperatorConfig:
                 raise ValueError(f"{name}: must be above 0, got {value}")
             return value
 
+        def port(name: str, default: int) -> int:
+            text = env.get(name)
+            if not text:
+                return default
+            try:
+                value = int(text)
+            except ValueError:
+                raise ValueError(
+                    f"{name}: {text!r} is not a port number (0 turns it off)"
+                ) from None
+            if not 0 <= value <= 65535:
+                raise ValueError(f"{name}: must be between 0 and 65535, got {value}")
+            return value
+
         return cls(
             cron_interval=seconds("SHIGOTO_OPERATOR_CRON_INTERVAL", cls.cron_interval),
             cron_status_interval=seconds(
@@ -46,4 +70,7 @@ class OperatorConfig:
             ),
             leader_interval=seconds("SHIGOTO_OPERATOR_LEADER_INTERVAL", cls.leader_interval),
             retry_interval=seconds("SHIGOTO_OPERATOR_RETRY_INTERVAL", cls.retry_interval),
+            metrics_port=port("SHIGOTO_OPERATOR_METRICS_PORT", cls.metrics_port),
+            metrics_host=env.get("SHIGOTO_OPERATOR_METRICS_HOST") or cls.metrics_host,
+            metrics_interval=seconds("SHIGOTO_OPERATOR_METRICS_INTERVAL", cls.metrics_interval),
         )

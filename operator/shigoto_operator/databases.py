@@ -12,6 +12,9 @@ reconciled, and is forgotten when the last of them goes. While known it has:
   Two operator replicas elect one scheduler per database; and even a runner started with
   `--cron` next to it cannot double a slot, since each slot's job carries a unique key and the
   schedule row is locked while it is enqueued.
+- while the operator serves metrics, a probe every `metrics_interval` that asks the database
+  how long each queue's oldest available job has waited and which runners heartbeat, and
+  notes whether it answered (`health`, read by `shigoto_operator.metrics` at scrape time).
 """
 
 from __future__ import annotations
@@ -27,15 +30,17 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from shigoto.config import RunnerSettings
 from shigoto.cron.scheduler import CronScheduler
-from shigoto.db import ops_statements
+from shigoto.db import ops_statements, statements
 from shigoto.db.migrate import amigrate, current_version, latest_version
 from shigoto.errors import MigrationError
 from shigoto.runtime.elector import Elector
 from shigoto_operator.config import OperatorConfig
 from shigoto_operator.dbcounts import QUERY_TIMEOUT, CountsCache
+from shigoto_operator.metrics import DatabaseHealth, DatabaseSample
 
 log = logging.getLogger("shigoto.operator.databases")
 
@@ -48,6 +53,9 @@ MIGRATE_BACKOFF_MAX = 300.0
 #: How long one migration may take before the pass reports it as failed. The migration is
 #: then cancelled: its connection closes and the server rolls back its one transaction.
 MIGRATE_TIMEOUT = 120.0
+#: A runner node whose heartbeat is older than this is not counted as live: the rescuer's
+#: default verdict (two missed heartbeats and a margin) on a node that stopped answering.
+LIVE_AFTER = RunnerSettings().effective_rescue_after
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +113,10 @@ class Database:
         self._migrate_retry_at = 0.0
         self._last_check = SchemaCheck()
         self._tasks: list[asyncio.Task[None]] = []
+        #: The last probe for the metrics; None before the first, or when metrics are off.
+        self.health: DatabaseHealth | None = None
+        self._probe_interval = config.metrics_interval if config.metrics_port else None
+        self._prober: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.pool.open(wait=False)
@@ -112,9 +124,51 @@ class Database:
             asyncio.create_task(self.elector.run(), name=f"elector {self.name}"),
             asyncio.create_task(self.scheduler.run(), name=f"cron {self.name}"),
         ]
+        if self._probe_interval is not None:
+            self._prober = asyncio.create_task(
+                self._probe_loop(self._probe_interval), name=f"probe {self.name}"
+            )
         log.info("watching database %s: counts and cron", self.name)
 
+    async def _probe_loop(self, interval: float) -> None:
+        while True:
+            try:
+                self.health = await self.probe()
+            except Exception:  # a bug here must not end the probing for good
+                log.exception("probing %s for the metrics failed", self.name)
+            await asyncio.sleep(interval)
+
+    async def probe(self) -> DatabaseHealth:
+        """Whether the database answers, with each queue's oldest available job's wait and
+        its live runners. Two cheap reads: available jobs through the claim index, and the
+        runner nodes. An answer without the shigoto tables still counts as up."""
+        stmts = statements.statements(self.schema)
+        try:
+            async with self.pool.connection(timeout=QUERY_TIMEOUT) as conn:
+                ages = await asyncio.wait_for(_rows(conn, stmts.oldest_available), QUERY_TIMEOUT)
+                nodes = await asyncio.wait_for(_rows(conn, stmts.nodes), QUERY_TIMEOUT)
+        except psycopg.errors.UndefinedTable:
+            return DatabaseHealth(up=True)
+        except (psycopg.Error, PoolTimeout, OSError, TimeoutError) as exc:
+            log.debug("probe of %s failed: %s", self.name, exc)
+            return DatabaseHealth(up=False)
+        runners: dict[str, int] = {}
+        for row in nodes:
+            queues, silent_for = row[3], float(row[6])
+            if silent_for < LIVE_AFTER:
+                for queue in queues or {}:
+                    runners[queue] = runners.get(queue, 0) + 1
+        return DatabaseHealth(
+            up=True,
+            oldest_available={str(queue): float(age) for queue, age in ages},
+            runners=runners,
+        )
+
     async def stop(self) -> None:
+        if self._prober is not None:
+            self._prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._prober
         self.scheduler.stop()
         await self.elector.stop()
         for task in self._tasks:
@@ -203,6 +257,11 @@ class Database:
             return await cur.fetchone()
 
 
+async def _rows(conn: psycopg.AsyncConnection[Any], query: str) -> list[tuple[Any, ...]]:
+    cur = await conn.execute(query)
+    return await cur.fetchall()
+
+
 @dataclass
 class _Use:
     key: Key
@@ -261,6 +320,23 @@ class Databases:
     @property
     def known(self) -> list[Database]:
         return list(self._dbs.values())
+
+    def samples(self) -> list[DatabaseSample]:
+        """Every known database for the metrics: its safe name, its last probe, and the
+        (namespace, queue) of the Queues using it. Called from the metrics server's thread:
+        it only copies (the dicts are changed on the event loop, never resized mid-copy)."""
+        uses = list(self._uses.items())
+        out = []
+        for key, db in list(self._dbs.items()):
+            queues = tuple(
+                sorted(
+                    (user.split("/")[1], use.queue)
+                    for user, use in uses
+                    if use.key == key and use.queue is not None and user.startswith("Queue/")
+                )
+            )
+            out.append(DatabaseSample(describe(db.url), db.schema, db.health, queues))
+        return out
 
     async def close(self) -> None:
         async with self._lock:

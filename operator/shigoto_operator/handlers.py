@@ -6,6 +6,10 @@ for its poll interval or for a spec change, whichever comes first. A daemon rath
 because the interval is per object (`pollIntervalSeconds`) and because a pass every second would
 otherwise fill the log with "Timer succeeded". The update handlers only wake the daemon, so all
 writes to an object's status come from one place. Deletion goes through kopf's finalizer.
+
+The operator's Prometheus metrics (`shigoto_operator.metrics`) are served from startup to
+cleanup on `SHIGOTO_OPERATOR_METRICS_PORT`; a port already taken is logged and the operator
+goes on without them, since reconciling matters more than being watched.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ import kopf
 from shigoto_operator import crds, reconcile
 from shigoto_operator.config import OperatorConfig
 from shigoto_operator.databases import Databases
+from shigoto_operator.metrics import CRON_SCHEDULE, QUEUE, MetricsServer, OperatorMetrics
+
+log = logging.getLogger("shigoto.operator")
 
 QUEUES = (crds.GROUP, crds.VERSION, crds.QUEUE_PLURAL)
 CRON_SCHEDULES = (crds.GROUP, crds.VERSION, crds.CRON_PLURAL)
@@ -38,10 +45,30 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.posting.level = logging.INFO
     memo.config = OperatorConfig.from_env()
     memo.databases = Databases(memo.config)
+    memo.metrics = OperatorMetrics(memo.databases.samples)
+    memo.metrics_server = _serve_metrics(memo.metrics, memo.config)
+
+
+def _serve_metrics(metrics: OperatorMetrics, config: OperatorConfig) -> MetricsServer | None:
+    if not config.metrics_port:
+        return None
+    try:
+        server = MetricsServer(metrics.registry, config.metrics_host, config.metrics_port)
+    except OSError as exc:
+        log.error(
+            "cannot serve metrics on %s:%s (%s); going on without them. Free the port, or set "
+            "SHIGOTO_OPERATOR_METRICS_PORT to another one (0 turns metrics off)",
+            config.metrics_host, config.metrics_port, exc,
+        )  # fmt: skip
+        return None
+    log.info("metrics on http://%s:%s/metrics", config.metrics_host, server.port)
+    return server
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    if memo.get("metrics_server") is not None:
+        memo.metrics_server.stop()
     await memo.databases.close()
 
 
@@ -81,13 +108,17 @@ async def _run(
     what: str,
     pass_: Callable[[], Awaitable[float]],
 ) -> None:
-    """A daemon's loop: pass, wait, repeat; an unexpected failure is logged, never fatal."""
+    """A daemon's loop: pass, wait, repeat; an unexpected failure is logged and counted,
+    never fatal."""
     memo.daemon_running = True
+    metrics: OperatorMetrics = memo.metrics
     try:
         while not stopped:
+            metrics.reconcile_started(what)
             try:
                 interval = await pass_()
             except Exception:
+                metrics.reconcile_failed(what)
                 logger.exception("%s: reconcile pass failed; retrying", what)
                 interval = memo.config.retry_interval
             await _pause(stopped, _wake(memo), interval)
@@ -110,9 +141,14 @@ async def queue_daemon(
     emit = _emitter(body)
 
     async def pass_() -> float:
-        return await reconcile.queue_pass(body, memory, memo.databases, emit, memo.config)
+        return await reconcile.queue_pass(
+            body, memory, memo.databases, emit, memo.config, metrics=memo.metrics
+        )
 
-    await _run(stopped, memo, logger, "Queue", pass_)
+    try:
+        await _run(stopped, memo, logger, QUEUE, pass_)
+    finally:
+        memo.metrics.forget_queue(body.metadata.namespace or "", body.metadata.name or "")
 
 
 @kopf.on.update(*QUEUES, field="spec")
@@ -148,7 +184,7 @@ async def cron_daemon(
     async def pass_() -> float:
         return await reconcile.cron_pass(body, memory, memo.databases, emit, memo.config)
 
-    await _run(stopped, memo, logger, "CronSchedule", pass_)
+    await _run(stopped, memo, logger, CRON_SCHEDULE, pass_)
 
 
 @kopf.on.update(*CRON_SCHEDULES, field="spec")

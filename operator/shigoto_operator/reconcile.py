@@ -33,6 +33,7 @@ from shigoto_operator import builders, k8s, policy
 from shigoto_operator.config import OperatorConfig
 from shigoto_operator.databases import Database, Databases, describe
 from shigoto_operator.dbcounts import QUERY_TIMEOUT, CountsUnavailable, Reading
+from shigoto_operator.metrics import OperatorMetrics
 from shigoto_operator.spec import (
     CronScheduleSpec,
     DatabaseRef,
@@ -357,6 +358,7 @@ async def queue_pass(
     *,
     monotonic: Callable[[], float] = time.monotonic,
     now: Callable[[], datetime] = _utcnow,
+    metrics: OperatorMetrics | None = None,
 ) -> float:
     """Reconcile one Queue; returns the seconds until the next pass."""
     namespace, name, generation = _meta(body)
@@ -442,6 +444,10 @@ async def queue_pass(
             scaled_at=memory.scaled_at,
         ),
     )
+    if metrics is not None:
+        metrics.observe_queue(namespace, name, spec.queue_name, deployment=live,
+                              counts=reading.counts if reading else None,
+                              desired=None if keda else memory.desired)  # fmt: skip
     return float(spec.autoscaling.poll_interval_seconds)
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -245,7 +246,7 @@ def _pgq_manager(worker_conn: Any, record: Callable[[Any], None]) -> Any:
 
 
 def _pgq_batch(concurrency: int) -> int:
-    """PgQueuer requires max_concurrent_tasks ≥ 2 × batch_size: the largest batch allowed."""
+    """The largest batch PgQueuer allows: max_concurrent_tasks must be twice batch_size."""
     return max(concurrency // 2, 1)
 
 
@@ -388,10 +389,8 @@ async def _procrastinate_part(figure: str, url: str, args: argparse.Namespace) -
 
         latencies = await _pickup_loop(args.latency, enqueue_one, started_at)
         worker.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await worker
-        except asyncio.CancelledError:
-            pass
         return {"jobs": args.latency, **_latency_report(latencies)}
 
 

@@ -160,6 +160,10 @@ class OperatorMetrics:
             "shigoto_operator_queue_ready_replicas", "Ready pods of the queue's runner "
             "Deployment.", QUEUE_LABELS, registry=self.registry,
         )  # fmt: skip
+        self.paused = Gauge(
+            "shigoto_operator_queue_paused", "1 while the Queue's spec pauses it: its backlog "
+            "is on purpose.", QUEUE_LABELS, registry=self.registry,
+        )  # fmt: skip
         self.passes = Counter(
             "shigoto_operator_reconcile_passes", "Reconcile passes started, by kind.",
             ("kind",), registry=self.registry,
@@ -191,6 +195,7 @@ class OperatorMetrics:
         counts: JobCounts | None,
         desired: int | None,
         deployment: Mapping[str, Any] | None,
+        paused: bool = False,
     ) -> None:
         """Record one Queue pass. Unknown counts (the database did not answer) remove the job
         series instead of repeating stale numbers; `shigoto_operator_database_up` says why."""
@@ -211,6 +216,7 @@ class OperatorMetrics:
         if isinstance(wanted, int):
             self.replicas.labels(*labels).set(wanted)
         self.ready_replicas.labels(*labels).set(int(status.get("readyReplicas") or 0))
+        self.paused.labels(*labels).set(1 if paused else 0)
 
     def forget_queue(self, namespace: str, name: str) -> None:
         """The Queue is gone (or its daemon stopped): drop its series."""
@@ -230,7 +236,7 @@ class OperatorMetrics:
         if any(v == labels and k != keeping for k, v in self._queues.items()):
             return
         self._remove_jobs(labels)
-        for gauge in (self.replicas, self.ready_replicas):
+        for gauge in (self.replicas, self.ready_replicas, self.paused):
             with contextlib.suppress(KeyError):
                 gauge.remove(*labels)
 

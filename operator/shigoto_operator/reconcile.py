@@ -447,7 +447,8 @@ async def queue_pass(
     if metrics is not None:
         metrics.observe_queue(namespace, name, spec.queue_name, deployment=live,
                               counts=reading.counts if reading else None,
-                              desired=None if keda else memory.desired)  # fmt: skip
+                              desired=None if keda else memory.desired,
+                              paused=spec.paused)  # fmt: skip
     return float(spec.autoscaling.poll_interval_seconds)
 
 

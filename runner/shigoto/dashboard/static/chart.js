@@ -1,6 +1,6 @@
 // Line and stacked-area charts drawn as plain SVG: the overview needs two small charts of an
 // hour of per-minute samples, which does not earn a charting library. Scales and paths are
-// pure functions (`scale`, `niceCeiling`, `stack`); `chart` turns them into elements.
+// pure functions (`scale`, `ticks`, `stack`); `chart` turns them into elements.
 
 import { h, s } from "./dom.js";
 import { clock, count } from "./format.js";
@@ -10,14 +10,21 @@ const HEIGHT = 220;
 const MARGIN = { top: 12, right: 12, bottom: 26, left: 48 };
 const HOUR_MS = 60 * 60 * 1000;
 
-/** The smallest "round" number (1, 2, 2.5, 5 times a power of ten) at or above `value`. */
-export function niceCeiling(value) {
-  if (!(value > 0)) return 4;
-  const power = 10 ** Math.floor(Math.log10(value));
-  for (const step of [1, 2, 2.5, 5, 10]) {
-    if (step * power >= value) return Math.max(step * power, 4);
-  }
-  return 10 * power;
+/** A "round" step (1, 2 or 5 times a power of ten, at least 1) that cuts `max` in about four. */
+export function niceStep(max) {
+  const rough = Math.max(max, 1) / 4;
+  const power = 10 ** Math.floor(Math.log10(rough));
+  const step = [1, 2, 5, 10].map((m) => m * power).find((candidate) => candidate >= rough);
+  return Math.max(1, step);
+}
+
+/** The ticks of a y axis from 0 to the first step at or above `max`. */
+export function ticks(max) {
+  const step = niceStep(max);
+  const top = Math.max(step, Math.ceil(max / step) * step);
+  const marks = [];
+  for (let t = 0; t <= top; t += step) marks.push(t);
+  return marks;
 }
 
 /** A linear map from [d0, d1] to [r0, r1]. */
@@ -47,18 +54,17 @@ function areaPath(xs, bottoms, tops) {
   return `${upper}${lower}Z`;
 }
 
-function axes(x, y, top, end) {
-  const ticks = [0, 0.25, 0.5, 0.75, 1].map((f) => f * top);
-  const grid = ticks.map((t) => s("g", { class: "tick" },
+function axes(x, y, marks, end) {
+  const grid = marks.map((t) => s("g", { class: "tick" },
     s("line", { x1: MARGIN.left, x2: WIDTH - MARGIN.right, y1: y(t), y2: y(t) }),
-    s("text", { x: MARGIN.left - 6, y: y(t) + 4, "text-anchor": "end" }, count(Math.round(t))),
+    s("text", { x: MARGIN.left - 6, y: y(t) + 4, "text-anchor": "end" }, count(t)),
   ));
-  const marks = [60, 45, 30, 15, 0].map((minutes) => {
+  const labels = [60, 45, 30, 15, 0].map((minutes) => {
     const at = end - minutes * 60 * 1000;
     return s("text", { class: "time", x: x(at), y: HEIGHT - 6, "text-anchor": "middle" },
       minutes ? clock(new Date(at).toISOString()) : "now");
   });
-  return s("g", { class: "axes" }, grid, marks);
+  return s("g", { class: "axes" }, grid, labels);
 }
 
 function series(points, keys, stacked, x, y) {
@@ -95,13 +101,13 @@ export function chart({ name, title, caption, points, keys, stacked = false, now
   const totals = stacked
     ? points.map((p) => keys.reduce((sum, k) => sum + (Number(p[k]) || 0), 0))
     : points.flatMap((p) => keys.map((k) => Number(p[k]) || 0));
-  const top = niceCeiling(Math.max(0, ...totals));
-  const y = scale(0, top, HEIGHT - MARGIN.bottom, MARGIN.top);
+  const marks = ticks(Math.max(0, ...totals));
+  const y = scale(0, marks[marks.length - 1], HEIGHT - MARGIN.bottom, MARGIN.top);
   const svg = s("svg", {
     "data-chart": name, viewBox: `0 0 ${WIDTH} ${HEIGHT}`, role: "img",
     "aria-label": title, class: "chart",
     "data-points": points.length,
-  }, s("title", null, title), axes(x, y, top, end));
+  }, s("title", null, title), axes(x, y, marks, end));
   if (points.length) {
     svg.append(s("g", { class: "plot" }, series(points, keys, stacked, x, y)));
   } else {

@@ -47,7 +47,7 @@ function argsBlock(job) {
 function resultBlock(job) {
   if (job.result_sealed || job.sealed) return block("Result", "result", h("p", { class: "muted" }, "Encrypted: not shown."));
   if (job.result === null || job.result === undefined) {
-    return block("Result", "result", h("p", { class: "muted" }, job.state === "completed" ? "None." : "No result yet."));
+    return block("Result", "result", h("p", { class: "muted" }, job.finished_at ? "None." : "No result yet."));
   }
   return block("Result", "result", pre(job.result));
 }

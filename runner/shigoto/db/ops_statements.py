@@ -1,7 +1,8 @@
 """The statements of operating a queue: bulk retry and cancel, status, queue settings, the
 operator's counts and the test helpers' queries.
 
-Templates name tables as `{jobs}`, `{queues}`, `{cron}`, `{nodes}` and are composed per schema
+Templates name tables as `{jobs}`, `{queues}`, `{cron}`, `{nodes}`, `{breakers}`, `{stats}` and
+are composed per schema
 with `psycopg.sql.Identifier`; the filter of retry and cancel arrives as a composed `{where}`
 built from placeholders only, so no value is ever formatted into SQL text.
 """
@@ -9,6 +10,8 @@ built from placeholders only, so no value is ever formatted into SQL text.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from typing import Any
 
 from psycopg import sql
 
@@ -22,6 +25,7 @@ def _tables(schema: str) -> dict[str, sql.Identifier]:
         "cron": sql.Identifier(schema, "shigoto_cron"),
         "nodes": sql.Identifier(schema, "shigoto_nodes"),
         "breakers": sql.Identifier(schema, "shigoto_breakers"),
+        "stats": sql.Identifier(schema, "shigoto_stats"),
     }
 
 
@@ -160,33 +164,147 @@ WHERE queue = %(queue)s AND state = ANY(%(states)s)
 """
 
 
+# -- counts that do not grow with the table ---------------------------------------------------
+#
+# `shigoto status`, the operator and the stats sampler count jobs without reading the finished
+# rows a busy table is mostly made of (issue 14): the four live states through their partial
+# indexes (claim: available; stage: scheduled and retryable; executing), finished ones through
+# the finished index, bounded. Each WHERE spells its index's predicate exactly, so the planner
+# can prove the partial index applies.
+
+#: How many finished rows the live table may hold for their counts to be exact: up to this
+#: many are counted (the newest, through the finished index); past it, the counts by queue are
+#: the planner's estimates (`finished_estimate`), and say so.
+FINISHED_EXACT_LIMIT = 10_000
+
 #: The order of the count columns of OPERATOR_COUNTS (after the queue name).
 OPERATOR_COUNT_STATES = (
     JobState.AVAILABLE, JobState.SCHEDULED, JobState.EXECUTING, JobState.RETRYABLE,
     JobState.COMPLETED, JobState.DISCARDED, JobState.CANCELLED,
 )
+LIVE_STATES = (JobState.AVAILABLE, JobState.SCHEDULED, JobState.EXECUTING, JobState.RETRYABLE)
+FINISHED = (JobState.COMPLETED, JobState.DISCARDED, JobState.CANCELLED)
+
+# Live jobs by queue and state: (queue, state, count, first_at). first_at is the oldest
+# scheduled_at of available jobs (how long the head of the queue has waited), the earliest
+# scheduled_at of scheduled and retryable ones (when the next comes due), the oldest
+# attempted_at of executing ones. {cond} narrows to some queues (the operator's).
+_LIVE = """
+SELECT queue, 'available' AS state, count(*) AS n, min(scheduled_at) AS first_at
+FROM {{jobs}} WHERE state = 'available'{cond} GROUP BY queue
+UNION ALL
+SELECT queue, state, count(*), min(scheduled_at)
+FROM {{jobs}} WHERE state IN ('scheduled', 'retryable'){cond} GROUP BY queue, state
+UNION ALL
+SELECT queue, 'executing', count(*), min(attempted_at)
+FROM {{jobs}} WHERE state = 'executing'{cond} GROUP BY queue
+"""
+
+LIVE_COUNTS_FRAGMENT = _LIVE.format(cond="")
+
+# `shigoto status`: the live counts with the database's now(), for the oldest available age.
+LIVE_COUNTS = f"""
+SELECT queue, state, n, extract(epoch FROM now() - first_at)::float8 AS age
+FROM ({LIVE_COUNTS_FRAGMENT}) AS live
+ORDER BY queue, state
+"""
+
+# The newest finished rows, at most %(limit)s, by the finished index (read backwards): fewer
+# than the limit means these are all of them and their counts are exact. The ORDER BY is what
+# makes it an index read of `limit` rows whatever the table holds.
+_RECENT_FINISHED = """
+SELECT queue, state FROM {{jobs}}
+WHERE state IN ('completed', 'discarded', 'cancelled')
+ORDER BY finished_at DESC LIMIT %(limit)s
+"""
+
+FINISHED_COUNTS = f"""
+SELECT queue, state, count(*) FROM ({_RECENT_FINISHED.format()}) AS recent
+GROUP BY queue, state ORDER BY queue, state
+"""
+
+# Every queue that has a job in the live table, finished ones included, without reading the
+# finished rows: a loose index scan of (queue, id) (migration 0019), one probe per queue.
+JOB_QUEUES_CTE = """
+job_queues AS (
+    (SELECT queue FROM {jobs} ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {jobs} AS j WHERE j.queue > q.queue ORDER BY j.queue LIMIT 1)
+    FROM job_queues AS q WHERE q.queue IS NOT NULL
+)"""
+
+JOB_QUEUES = f"""
+WITH RECURSIVE {JOB_QUEUES_CTE}
+SELECT queue FROM job_queues WHERE queue IS NOT NULL
+"""
+
+# What the stats sampler (shigoto.runtime.sampler) recorded of the last hour, by queue: jobs
+# finished in the minutes sampled, and how many minutes were.
+FINISHED_LAST_HOUR = """
+SELECT queue, sum(completed)::bigint, sum(discarded)::bigint, sum(cancelled)::bigint,
+       count(*)::int
+FROM {stats} WHERE at > now() - interval '1 hour'
+GROUP BY queue ORDER BY queue
+"""
+
+
+def finished_estimate(schema: str, queues: Sequence[str]) -> tuple[sql.Composed, dict[str, str]]:
+    """EXPLAIN of one count per (queue, finished state), as a UNION ALL in that order: the
+    planner's row estimate of each branch is the estimate of that count (table statistics
+    scaled to the table's current size; no row is read). Any role that may SELECT can run it,
+    unlike reading `pg_stats_ext`. Read the answer with `plan_rows`."""
+    branches = []
+    params: dict[str, str] = {}
+    for i, queue in enumerate(queues):
+        params[f"q{i}"] = queue
+        for state in FINISHED:
+            branches.append(
+                sql.SQL("SELECT 1 FROM {jobs} WHERE queue = {q} AND state = {s}").format(
+                    jobs=sql.Identifier(schema, "shigoto_jobs"),
+                    q=sql.Placeholder(f"q{i}"), s=sql.Literal(str(state)),
+                )
+            )  # fmt: skip
+    query = sql.SQL(" UNION ALL ").join(branches)
+    return sql.SQL("EXPLAIN (FORMAT JSON) ") + query, params
+
+
+def plan_rows(plan: Any, queues: Sequence[str]) -> dict[str, dict[str, int]]:
+    """`finished_estimate`'s EXPLAIN output as {queue: {state: estimated rows}}."""
+    top = plan[0]["Plan"]
+    branches = top["Plans"] if top["Node Type"] == "Append" else [top]
+    rows = iter(int(branch["Plan Rows"]) for branch in branches)
+    return {queue: {str(state): next(rows) for state in FINISHED} for queue in queues}
 
 
 def _count(state: JobState) -> str:
-    return f"count(*) FILTER (WHERE state = '{state}') AS {state}"
+    return f"coalesce(sum(n) FILTER (WHERE state = '{state}'), 0) AS {state}"
 
 
 # The operator's reading: one row per requested queue (zeros for queues without jobs, NULL
 # settings without a settings row), each carrying now(). next_due_at: the stager makes those
 # jobs available once due, and only a running runner stages, so the operator must keep one.
+# Finished counts are exact while the table holds fewer than %(limit)s finished rows, NULL
+# past that (dbcounts then asks the planner for estimates): never a scan of finished rows.
 OPERATOR_COUNTS = f"""
-WITH counts AS (
-    SELECT queue,
-           {", ".join(_count(s) for s in OPERATOR_COUNT_STATES)},
-           min(scheduled_at) FILTER (WHERE state IN ('scheduled', 'retryable')) AS next_due_at
-    FROM {{jobs}}
-    WHERE queue = ANY(%(queues)s)
+WITH live AS (
+    SELECT queue, {", ".join(_count(s) for s in LIVE_STATES)},
+           min(first_at) FILTER (WHERE state IN ('scheduled', 'retryable')) AS next_due_at
+    FROM ({_LIVE.format(cond=" AND queue = ANY(%(queues)s)")}) AS l
     GROUP BY queue
-)
+),
+recent AS ({_RECENT_FINISHED.format()}),
+finished AS (
+    SELECT queue, {", ".join(f"count(*) FILTER (WHERE state = '{s}') AS {s}" for s in FINISHED)}
+    FROM recent GROUP BY queue
+),
+bound AS (SELECT count(*) < %(limit)s AS exact FROM recent)
 SELECT q.queue,
-       {", ".join(f"coalesce(c.{s}, 0)" for s in OPERATOR_COUNT_STATES)},
-       c.next_due_at, now(), s.paused, s.global_concurrency
+       {", ".join(f"coalesce(l.{s}, 0)" for s in LIVE_STATES)},
+       {", ".join(f"CASE WHEN b.exact THEN coalesce(f.{s}, 0) END" for s in FINISHED)},
+       l.next_due_at, now(), s.paused, s.global_concurrency
 FROM unnest(%(queues)s::text[]) AS q(queue)
-LEFT JOIN counts c ON c.queue = q.queue
+CROSS JOIN bound AS b
+LEFT JOIN live l ON l.queue = q.queue
+LEFT JOIN finished f ON f.queue = q.queue
 LEFT JOIN {{queues}} s ON s.name = q.queue
 """

@@ -69,6 +69,7 @@ from shigoto.runtime.notifier import Notifier
 from shigoto.runtime.producer import Producer
 from shigoto.runtime.pruner import Pruner
 from shigoto.runtime.rescuer import STUCK_AFTER, Rescuer
+from shigoto.runtime.sampler import Sampler
 from shigoto.runtime.shedding import Shedding
 from shigoto.runtime.stager import Stager
 from shigoto.runtime.threads import Threads
@@ -315,6 +316,7 @@ class Runner:
                                stuck_after=self.stuck_after, on_discard=self._pending_discards,
                                clock=self.clock),
             "heartbeat": heartbeat,
+            "sampler": Sampler(pool, self.schema, self.node, is_leader=leader, clock=self.clock),
             "fanout-sweeper": fanout.FanoutSweeper(pool, self.schema, s.stage_interval,
                                                    is_leader=leader, clock=self.clock,
                                                    node=self.node),

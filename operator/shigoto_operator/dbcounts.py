@@ -6,12 +6,17 @@ half the asking Queue's poll interval, and otherwise runs ONE query for every qu
 on that database. So a database sees at most about two counting queries per poll interval,
 however many Queues point at it, and no Queue scales on counts older than half its interval.
 
-The query reads non-finished states through the partial indexes (claim, stage, executing);
-finished counts (completed, discarded, cancelled) scan only what the pruner has not archived
-yet. The database's own `now()` comes back with the counts, so "due within the next poll" is
-judged on the database's clock, as every other time in Shigoto. The same query reads each
-queue's shared settings (`shigoto_queues`: paused, global concurrency), so the operator notices
-when they drift from the spec without a second query.
+The query never reads the finished rows a busy table is mostly made of (issue 14): the live
+states come from their partial indexes (claim, stage, executing), and the finished ones
+(completed, discarded, cancelled) are counted exactly from at most
+`ops_statements.FINISHED_EXACT_LIMIT` + 1 of the newest, through the finished index, while
+the table holds no more than that; past it they are the planner's estimates (a second,
+EXPLAIN-only statement), and the Reading says so (`finished_exact`). Autoscaling reads only
+the live states, which are always exact. The database's own `now()` comes back with the
+counts, so "due within the next poll" is judged on the database's clock, as every other time
+in Shigoto. The same query reads each queue's shared settings (`shigoto_queues`: paused,
+global concurrency), so the operator notices when they drift from the spec without a second
+query.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ class Reading:
     counts: JobCounts
     paused: bool | None = None
     global_concurrency: int | None = None
+    #: False: completed, discarded and cancelled are estimates (see the module docstring).
+    finished_exact: bool = True
 
 
 class CountsUnavailable(Exception):
@@ -60,25 +67,40 @@ def counts_statement(schema: str) -> sql.Composed:
 async def fetch(
     conn: psycopg.AsyncConnection, schema: str, queues: Iterable[str]
 ) -> dict[str, Reading]:
-    """Counts and settings for `queues` in one round trip."""
+    """Counts and settings for `queues` in one round trip (two when finished counts must be
+    estimated)."""
     names = sorted(set(queues))
     if not names:
         return {}
-    cur = await conn.execute(counts_statement(schema), {"queues": names})
+    cur = await conn.execute(
+        counts_statement(schema),
+        {"queues": names, "limit": ops_statements.FINISHED_EXACT_LIMIT + 1},
+    )
+    rows = await cur.fetchall()
+    estimates: dict[str, dict[str, int]] = {}
+    if any(row[5] is None for row in rows):
+        explain, params = ops_statements.finished_estimate(schema, names)
+        cur = await conn.execute(explain, params)
+        plan = await cur.fetchone()
+        assert plan is not None
+        estimates = ops_statements.plan_rows(plan[0], names)
     out = {}
-    for row in await cur.fetchall():
+    for row in rows:
+        finished = estimates.get(row[0]) or {}
         counts = JobCounts(
             available=row[1],
             scheduled=row[2],
             executing=row[3],
             retryable=row[4],
-            completed=row[5],
-            discarded=row[6],
-            cancelled=row[7],
+            completed=row[5] if row[5] is not None else finished.get("completed", 0),
+            discarded=row[6] if row[6] is not None else finished.get("discarded", 0),
+            cancelled=row[7] if row[7] is not None else finished.get("cancelled", 0),
             next_due_at=row[8],
             observed_at=row[9],
         )
-        out[row[0]] = Reading(counts, paused=row[10], global_concurrency=row[11])
+        out[row[0]] = Reading(
+            counts, paused=row[10], global_concurrency=row[11], finished_exact=row[5] is not None
+        )
     return out
 
 

@@ -23,19 +23,38 @@ def _cell(value: Any) -> str:
 
 
 def status_table(st: Status) -> Table:
+    """Counts by queue and state. Finished counts on a big table are the planner's estimates,
+    shown as `~N` and said so in the caption; "last hour" is what the runners' stats sampler
+    recorded (completed / discarded / cancelled), "-" where nothing was sampled."""
     table = Table(title="queues")
     table.add_column("queue")
     for state in JobState:
         table.add_column(state.value, justify="right")
     table.add_column("oldest available", justify="right")
+    table.add_column("last hour c/d/x", justify="right")
     for queue in sorted(st.counts):
         age = st.oldest_available_age.get(queue)
         table.add_row(
             _cell(queue),
-            *(str(st.counts[queue].get(s.value, 0)) for s in JobState),
+            *(_count(st, queue, s) for s in JobState),
             f"{age:.1f}s" if age is not None else "-",
+            _last_hour(st.finished_last_hour.get(queue)),
         )
+    if not st.finished_exact:
+        table.caption = ("~ estimated from table statistics (too many finished rows to count "
+                         "one by one); live states are exact")  # fmt: skip
     return table
+
+
+def _count(st: Status, queue: str, state: JobState) -> str:
+    value = str(st.counts[queue].get(state.value, 0))
+    return value if st.exact(state.value) else f"~{value}"
+
+
+def _last_hour(done: dict[str, int] | None) -> str:
+    if not done:
+        return "-"
+    return f"{done['completed']}/{done['discarded']}/{done['cancelled']}"
 
 
 def nodes_table(st: Status) -> Table:

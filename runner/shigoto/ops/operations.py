@@ -292,6 +292,12 @@ STATUS_BREAKERS = 50
 
 @dataclass(frozen=True, slots=True)
 class Status:
+    """What `shigoto status` shows. Counts never read the finished rows a busy table is mostly
+    made of: live states are exact (their partial indexes); finished states are exact while the
+    live table holds at most `ops_statements.FINISHED_EXACT_LIMIT` finished rows, and the
+    planner's estimates past that (`exact` says which). `finished_last_hour` is what the stats
+    sampler recorded (shigoto.runtime.sampler): exact, for the minutes a runner sampled."""
+
     counts: dict[str, dict[str, int]]
     oldest_available_age: dict[str, float]
     nodes: list[dict[str, Any]]
@@ -308,15 +314,28 @@ class Status:
     #: Circuit breakers not closed: {"worker", "partition_key", "status" (open | half_open),
     #: "blocked_until", "since"} (docs/flow-control.md).
     breakers: list[dict[str, Any]] = field(default_factory=list)
+    #: Whether the finished counts (completed, discarded, cancelled) are exact; False: they
+    #: are estimates (the table holds more finished rows than status counts one by one).
+    finished_exact: bool = True
+    #: Jobs finished in the last hour by queue, from the sampler's per-minute stats:
+    #: {"completed", "discarded", "cancelled", "minutes" (how many minutes were sampled)}.
+    finished_last_hour: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def setting(self, queue: str) -> dict[str, Any]:
         return self.settings.get(queue, dict(DEFAULT_SETTING))
 
+    def exact(self, state: str) -> bool:
+        """Whether the counts of `state` are exact (live states always are)."""
+        return self.finished_exact or JobState(state) not in FINISHED_STATES
+
     def as_dict(self) -> dict[str, Any]:
+        exact = {s.value: self.exact(s.value) for s in JobState}
         return {
             "queues": {
                 q: {
                     "counts": self.counts.get(q, {s.value: 0 for s in JobState}),
+                    "exact": exact,
+                    "finished_last_hour": self.finished_last_hour.get(q),
                     "oldest_available_age": self.oldest_available_age.get(q),
                     **self.setting(q),
                 }
@@ -330,12 +349,55 @@ class Status:
         }
 
 
+@dataclass(slots=True)
+class _Counts:
+    by_queue: dict[str, dict[str, int]] = field(default_factory=dict)
+    ages: dict[str, float] = field(default_factory=dict)
+    exact: bool = True
+    last_hour: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def of(self, queue: str) -> dict[str, int]:
+        return self.by_queue.setdefault(queue, {s.value: 0 for s in JobState})
+
+
+def _counts_steps(schema: str) -> Steps[_Counts]:
+    """Counts by queue and state without a scan of the finished rows (issue 14): live states
+    by their partial indexes; finished ones counted from at most FINISHED_EXACT_LIMIT + 1 of
+    the newest (all of them, when there are no more), else estimated by the planner."""
+    out = _Counts()
+    for queue, state, count, age in (
+        yield ops_statements.compose(ops_statements.LIVE_COUNTS, schema), None
+    ).rows:
+        out.of(queue)[state] = int(count)
+        if state == JobState.AVAILABLE and age is not None:
+            out.ages[queue] = float(age)
+    finished = (yield ops_statements.compose(ops_statements.FINISHED_COUNTS, schema),
+                {"limit": ops_statements.FINISHED_EXACT_LIMIT + 1}).rows  # fmt: skip
+    if sum(int(row[2]) for row in finished) <= ops_statements.FINISHED_EXACT_LIMIT:
+        for queue, state, count in finished:
+            out.of(queue)[state] = int(count)
+    else:
+        out.exact = False
+        queues = [row[0] for row in (
+            yield ops_statements.compose(ops_statements.JOB_QUEUES, schema), None
+        ).rows]  # fmt: skip
+        if queues:
+            explain, params = ops_statements.finished_estimate(schema, queues)
+            plan = (yield explain, params).one()
+            assert plan is not None
+            for queue, estimates in ops_statements.plan_rows(plan[0], queues).items():
+                out.of(queue).update(estimates)
+    for queue, completed, discarded, cancelled, minutes in (
+        yield ops_statements.compose(ops_statements.FINISHED_LAST_HOUR, schema), None
+    ).rows:
+        out.last_hour[queue] = {"completed": int(completed), "discarded": int(discarded),
+                                "cancelled": int(cancelled), "minutes": int(minutes)}  # fmt: skip
+    return out
+
+
 def _status_steps(schema: str) -> Steps[Status]:
     stmts = statements.statements(schema)
-    counts: dict[str, dict[str, int]] = {}
-    for queue, state, count in (yield stmts.counts, None).rows:
-        counts.setdefault(queue, {s.value: 0 for s in JobState})[state] = int(count)
-    ages = {q: float(a) for q, a in (yield stmts.oldest_available, None).rows}
+    counted = yield from _counts_steps(schema)
     nodes = []
     for row in (yield stmts.nodes, None).rows:
         node_id, host, pid, queues, started, seen, silent = row
@@ -366,9 +428,10 @@ def _status_steps(schema: str) -> Steps[Status]:
     flows = (yield statements.compose(workflows.WORKFLOW_PROGRESS, schema),
              {"limit": STATUS_WORKFLOWS}).dicts()  # fmt: skip
     waiting = (yield statements.compose(workflows.WAITING_COUNT, schema), None).one()
-    return Status(counts, ages, nodes, cron, settings,
+    return Status(counted.by_queue, counted.ages, nodes, cron, settings,
                   [{k: v if k in ("id", "name") else int(v) for k, v in f.items()} for f in flows],
-                  int(waiting[0]) if waiting else 0, breakers)  # fmt: skip
+                  int(waiting[0]) if waiting else 0, breakers, counted.exact,
+                  counted.last_hour)  # fmt: skip
 
 
 def _cron_entries(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -184,3 +185,19 @@ def test_docs_monitoring_lists_exactly_the_operators_metrics() -> None:
         labels = {k for s in family.samples for k in s.labels}
         registered[name] = (family.type, frozenset(labels))
     assert documented == registered
+
+
+def test_port_zero_serves_nothing_and_a_taken_port_is_logged_not_fatal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from shigoto_operator.handlers import _serve_metrics
+
+    m = OperatorMetrics(process_metrics=False)
+    assert _serve_metrics(m, OperatorConfig(metrics_port=0)) is None
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = OperatorConfig(metrics_port=port, metrics_host="127.0.0.1")
+        assert _serve_metrics(m, config) is None
+    assert "SHIGOTO_OPERATOR_METRICS_PORT" in caplog.text

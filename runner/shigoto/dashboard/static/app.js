@@ -38,7 +38,7 @@ function flash(message, kind = "ok") {
   flashBox.dataset.kind = kind;
   replace(flashBox, h("span", { class: "flash-text" }, message),
     h("button", { type: "button", class: "flash-close", "aria-label": "Dismiss",
-      onclick: () => { flashBox.hidden = true; } })));
+      onclick: () => { flashBox.hidden = true; } }));
 }
 
 /** The sentence to show for a refused action. */

@@ -83,7 +83,8 @@ function facts(job) {
     ["Queue", h("a", { href: href("jobs", { queue: job.queue }) }, job.queue)],
     ["Worker", h("code", null, job.worker)],
     ["Priority", job.priority],
-    ["Attempt", `${job.attempt} of ${job.max_attempts}`],
+    ["Attempt", job.max_attempts === null || job.max_attempts === undefined
+      ? `${job.attempt} (limit: the worker's own)` : `${job.attempt} of ${job.max_attempts}`],
     ["Tags", (job.tags || []).length ? job.tags.map((t) => h("span", { class: "tag" }, t)) : "–"],
     ["Inserted", exact(job.inserted_at)],
     ["Scheduled", exact(job.scheduled_at)],
@@ -149,17 +150,20 @@ export function mount(root, route, ctx) {
     }
     const job = answer.job;
     section.dataset.state = job.state;
+    // A failing job is looked at for its errors: they come first.
+    const failing = ["discarded", "retryable"].includes(job.state);
     replace(section,
       h("div", { class: "view-head job-head" },
         h("h1", null, `Job #${job.id} `, h("span", { class: "worker-name" }, job.worker.split(".").pop())),
         h("span", { "data-field": "state" }, badge(job.state)),
         actions(job, ctx, gone)),
       progressBlock(job),
+      failing ? errorsBlock(job) : null,
       h("div", { class: "job-grid" },
         h("section", { class: "card" }, h("h2", null, "Details"), facts(job)),
         h("div", { class: "stack" }, argsBlock(job), resultBlock(job),
           block("Meta", "meta", pre(job.meta || {})))),
-      errorsBlock(job),
+      failing ? null : errorsBlock(job),
       relatives("Parents", answer.parents),
       relatives("Children", answer.children));
   }

@@ -24,6 +24,12 @@ function argsPreview(job) {
   return h("code", { class: "args", title: text.length > ARGS_PREVIEW ? text : null }, short);
 }
 
+/** "2/5", or "2" when the job carries no limit of its own (its worker's default applies). */
+export function attempts(job) {
+  return job.max_attempts === null || job.max_attempts === undefined
+    ? String(job.attempt) : `${job.attempt}/${job.max_attempts}`;
+}
+
 function tags(job) {
   return (job.tags || []).map((tag) => h("span", { class: "tag" }, tag));
 }
@@ -43,7 +49,7 @@ function row(job, now) {
     h("td", null, h("a", { href: href("jobs", { queue: job.queue }) }, job.queue)),
     h("td", null, shortWorker(job.worker)),
     h("td", { class: "args-cell" }, argsPreview(job)),
-    h("td", { class: "num" }, `${job.attempt}/${job.max_attempts}`),
+    h("td", { class: "num" }, attempts(job)),
     h("td", { class: "tags" }, tags(job), job.archived ? h("span", { class: "tag archived" }, "archived") : null),
     h("td", { class: "when" }, moment(job, now)),
   );

@@ -9,9 +9,7 @@ checks the expressions' syntax: tests/integration/test_monitoring_rules.py.)
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,37 +21,16 @@ from shigoto_operator import builders
 from shigoto_operator.metrics import DatabaseHealth, DatabaseSample, OperatorMetrics
 from shigoto_operator.policy import JobCounts
 from shigoto_operator.spec import parse_queue
+from tests.support.monitoring_rules import (
+    MONITORING,
+    dashboard,
+    dashboard_expressions,
+    documents,
+    metric_names,
+    rules,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-MONITORING = ROOT / "deploy" / "monitoring"
-
-#: A metric name in PromQL: our prefixes, then name characters. Label names inside braces
-#: never start with these prefixes, and functions never do.
-_METRIC = re.compile(r"\b((?:shigoto|process|python)_[a-zA-Z0-9_]*)")
-
-
-def _documents(name: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all((MONITORING / name).read_text()) if d]
-
-
-def rules() -> list[dict[str, Any]]:
-    [rule] = _documents("prometheus-rule.yaml")
-    return [r for group in rule["spec"]["groups"] for r in group["rules"]]
-
-
-def dashboard() -> dict[str, Any]:
-    return json.loads((MONITORING / "grafana-dashboard.json").read_text())
-
-
-def dashboard_expressions() -> Iterator[tuple[str, str]]:
-    """(panel title, expression) of every query of the dashboard, variables included."""
-    board = dashboard()
-    for panel in board["panels"]:
-        for target in panel.get("targets", []):
-            yield panel["title"], target["expr"]
-    for variable in board["templating"]["list"]:
-        if variable["type"] == "query":
-            yield f"variable {variable['name']}", variable["query"]["query"]
 
 
 def exported_names() -> set[str]:
@@ -74,10 +51,6 @@ def exported_names() -> set[str]:
             else:
                 names.add(family.name)
     return names
-
-
-def metric_names(expression: str) -> set[str]:
-    return set(_METRIC.findall(expression))
 
 
 def test_the_name_pattern_finds_names_and_skips_labels_and_functions() -> None:
@@ -143,7 +116,7 @@ def test_panels_have_unique_ids_and_fit_the_grid() -> None:
 
 
 def pod_monitor(name: str) -> dict[str, Any]:
-    [found] = [d for d in _documents("pod-monitors.yaml") if d["metadata"]["name"] == name]
+    [found] = [d for d in documents("pod-monitors.yaml") if d["metadata"]["name"] == name]
     return found
 
 

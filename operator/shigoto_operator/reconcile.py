@@ -29,7 +29,7 @@ from shigoto import cron
 from shigoto.client import queue_settings
 from shigoto.cron import expression
 from shigoto.errors import ValidationError
-from shigoto_operator import builders, k8s, policy
+from shigoto_operator import builders, k8s, policy, replicas
 from shigoto_operator.config import OperatorConfig
 from shigoto_operator.databases import Database, Databases, describe
 from shigoto_operator.dbcounts import QUERY_TIMEOUT, CountsUnavailable, Reading
@@ -349,6 +349,23 @@ async def _ensure_keda(
         memory.keda = False
 
 
+async def _record_replicas(
+    db: Database, spec: QueueSpec, desired: int | None, live: Mapping[str, Any] | None
+) -> None:
+    """Write the runners' replicas to the queue's database for readers of the database alone
+    (the dashboard). In KEDA mode the HPA decides them, so the live Deployment's count is
+    written. A failure is logged only: the pass's own database reads report reachability, and
+    the next pass writes again."""
+    count = desired if desired is not None else ((live or {}).get("spec") or {}).get("replicas")
+    if count is None:
+        return
+    try:
+        await replicas.record(db.pool, spec.database.schema, spec.queue_name, int(count))
+    except (*_DB_ERRORS, TimeoutError) as exc:
+        log.warning("%s: recording %s replicas of queue %s: %s",
+                    db.name, count, spec.queue_name, exc)  # fmt: skip
+
+
 async def queue_pass(
     body: Mapping[str, Any],
     memory: QueueMemory,
@@ -424,6 +441,8 @@ async def queue_pass(
         await _ensure_keda(spec, body, memory, emit)
     except k8s.ApiError as exc:
         api_problem = Problem("ApiError", f"Kubernetes API: {exc}")
+    if db is not None and problem is None:
+        await _record_replicas(db, spec, None if keda else memory.desired, live)
     _report(memory, emit, problem or api_problem)
 
     await _write_status(

@@ -23,7 +23,7 @@ from shigoto_operator.metrics import (
 from shigoto_operator.policy import JobCounts
 from tests.support.http_probe import http_get
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "monitoring.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def samples(metrics: OperatorMetrics, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -164,27 +164,39 @@ def test_a_bad_metrics_port_names_the_variable(text: str) -> None:
         OperatorConfig.from_env({"SHIGOTO_OPERATOR_METRICS_PORT": text})
 
 
-# --- the documented table ----------------------------------------------------------------------
+# --- the documented tables ---------------------------------------------------------------------
 
 _ROW = re.compile(r"^\| `(shigoto_operator_[a-z_]+)` \| (\w+) \| ([^|]*) \|", re.M)
 
 
-def test_docs_monitoring_lists_exactly_the_operators_metrics() -> None:
-    documented = {
-        name: (kind, frozenset(x.strip() for x in labels.split(",") if x.strip() != "(none)"))
-        for name, kind, labels in _ROW.findall(DOC.read_text())
-    }
+def registered() -> dict[str, tuple[str, frozenset[str]]]:
+    """What the registry exports, as the tables name it (counters with `_total`)."""
     m = OperatorMetrics(
         lambda: [DatabaseSample("db:5432/x", "public", probe(True, q=(1.0, 1)), (("n", "q"),))],
         process_metrics=False,
     )
     m.observe_queue("n", "q", "q", counts=JobCounts(), desired=0, deployment=None)
-    registered = {}
+    out = {}
     for family in m.registry.collect():
         name = family.name + ("_total" if family.type == "counter" else "")
-        labels = {k for s in family.samples for k in s.labels}
-        registered[name] = (family.type, frozenset(labels))
-    assert documented == registered
+        out[name] = (family.type, frozenset(k for s in family.samples for k in s.labels))
+    return out
+
+
+def test_every_table_of_operator_metrics_in_the_docs_lists_exactly_the_registry() -> None:
+    # docs/monitoring.md has the table; any other page that lists them (telemetry.md) must agree
+    tables = {}
+    for page in sorted(DOCS.glob("*.md")):
+        rows = _ROW.findall(page.read_text())
+        if rows:
+            tables[page.name] = {
+                name: (kind, frozenset(x.strip() for x in labels.split(",") if x.strip()))
+                for name, kind, labels in rows
+            }
+    assert "monitoring.md" in tables
+    expected = registered()
+    for page, documented in tables.items():
+        assert documented == expected, page
 
 
 def test_port_zero_serves_nothing_and_a_taken_port_is_logged_not_fatal(

@@ -117,6 +117,7 @@ export function mount(root, route, ctx) {
     table.dataset.after = params.after || "";
     table.dataset.count = String(answer.jobs.length);
     next.disabled = !answer.next;
+    next.dataset.cursor = answer.next || "";
     next.onclick = answer.next
       ? () => ctx.navigate(href(page, { ...params, after: answer.next, page: number + 1 }))
       : null;

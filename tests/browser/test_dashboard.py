@@ -1,0 +1,351 @@
+"""The dashboard in a real browser: Debian's chromium, driven by Playwright, on a real
+`shigoto dashboard` and a real PostgreSQL, with real runners where a job must run.
+
+Every test checks the page and the database: what the page shows is what the rows hold, and an
+action clicked on the page is the change found in the rows (or, when refused, no change at all).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from playwright.sync_api import Page, expect
+
+import shigoto
+import shigoto.cron
+from tests.browser import pages
+from tests.browser.dashboard_process import DashboardProcess
+from tests.support.runner_process import RunnerProcess
+from tests.support.waiting import count, row, state, wait_until
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+Dashboards = Callable[..., DashboardProcess]
+Runners = Callable[..., RunnerProcess]
+TOKEN = "right-token-0123456789abcdef"
+WORKERS = "tests.browser.workers"
+
+
+def _paused(conn: psycopg.Connection[Any], queue: str) -> bool:
+    found = conn.execute("SELECT paused FROM shigoto_queues WHERE name = %s", (queue,)).fetchone()
+    return bool(found and found[0])
+
+
+def test_retry_a_discarded_job_and_see_it_complete(
+    page: Page, dashboards: Dashboards, runner_processes: Runners, conn: psycopg.Connection[Any],
+    queue_name: str,
+) -> None:  # fmt: skip
+    runner_processes(workers=WORKERS, queue=f"{queue_name}=2")
+    job = shigoto.enqueue("tests.browser.workers.charge_once", {"order_id": 7}, queue=queue_name,
+                          max_attempts=1)  # fmt: skip
+    wait_until(lambda: state(conn, job.id) == "discarded", message="the first attempt fails")
+    dashboard = dashboards(token=TOKEN)
+
+    pages.open_page(page, dashboard, f"jobs/{job.id}")
+    assert pages.detail_state(page) == "discarded"
+    errors = page.locator('[data-view="job"] [data-field="errors"]')
+    expect(errors).to_contain_text("payment gateway timed out for order 7")
+    expect(errors.locator("pre.traceback")).to_contain_text("Traceback (most recent call last)")
+
+    pages.sign_in(page, TOKEN)
+    pages.signed_in(page)
+    page.click('button[data-action="retry"]')
+    pages.expect_flash(page, error=False, containing=f"Job {job.id}: retried")
+    # The runner takes the retried job; the page follows by itself (live updates), no reload.
+    expect(page.locator('[data-view="job"] [data-field="state"]')).to_have_text("completed")
+    expect(page.locator('[data-view="job"] [data-field="result"]')).to_contain_text(
+        '"charged_on_attempt": 2'
+    )
+
+    done = row(conn, job.id)
+    assert (done["state"], done["attempt"]) == ("completed", 2)
+    assert done["result"] == {"order_id": 7, "charged_on_attempt": 2}
+
+
+def test_cancel_a_scheduled_job(
+    page: Page, dashboards: Dashboards, conn: psycopg.Connection[Any], queue_name: str
+) -> None:
+    keep = shigoto.enqueue("tests.browser.workers.note", {"n": 1}, queue=queue_name,
+                           schedule_in=3600)  # fmt: skip
+    job = shigoto.enqueue("tests.browser.workers.note", {"n": 2}, queue=queue_name,
+                          schedule_in=3600)  # fmt: skip
+    dashboard = dashboards(token=TOKEN)
+
+    pages.open_page(page, dashboard, f"jobs?queue={queue_name}")
+    assert pages.job_ids(page) == [job.id, keep.id]
+    assert pages.row_state(page, job.id) == "scheduled"
+    pages.sign_in(page, TOKEN)
+    pages.signed_in(page)
+    page.click(f'tr[data-job-id="{job.id}"] a')
+    expect(page.locator(f'[data-view="job"][data-job="{job.id}"]')).to_be_visible()
+    assert pages.detail_state(page) == "scheduled"
+    page.click('button[data-action="cancel"]')
+    pages.expect_flash(page, error=False, containing=f"Job {job.id}: cancelled")
+    expect(page.locator('[data-view="job"] [data-field="state"]')).to_have_text("cancelled")
+    expect(page.locator('button[data-action="cancel"]')).to_be_disabled()
+
+    assert state(conn, job.id) == "cancelled"
+    assert state(conn, keep.id) == "scheduled"
+    page.go_back()
+    expect(page.locator(f'tr[data-job-id="{job.id}"] td[data-field="state"]')).to_have_text(
+        "cancelled"
+    )
+    assert pages.row_state(page, keep.id) == "scheduled"
+
+
+def test_page_through_ten_thousand_jobs(
+    page: Page, dashboards: Dashboards, conn: psycopg.Connection[Any], queue_name: str
+) -> None:
+    total = 10_000
+    shigoto.enqueue_many(
+        {"worker": "tests.browser.workers.note", "args": {"n": i}, "queue": queue_name}
+        for i in range(total)
+    )
+    listed = conn.execute(
+        "SELECT id FROM shigoto_jobs WHERE queue = %s ORDER BY id DESC", (queue_name,)
+    )
+    expected = [r[0] for r in listed]
+    assert len(expected) == total
+    dashboard = dashboards(token=TOKEN)
+
+    pages.open_page(page, dashboard, "jobs")
+    form = page.locator("form[data-filter]")
+    form.locator('input[name="queue"]').fill(queue_name)
+    form.locator('select[name="limit"]').select_option("500")
+    form.locator('button[type="submit"]').click()
+    expect(page.locator(".job-list")).to_have_attribute("data-count", "500")
+
+    seen: list[int] = []
+    first_page = pages.job_ids(page)
+    while True:
+        shown = pages.job_ids(page)
+        seen += shown
+        next_button = page.locator('button[data-page="next"]')
+        if next_button.is_disabled():
+            break
+        cursor = next_button.get_attribute("data-cursor")
+        assert cursor
+        next_button.click()
+        # Each page is drawn under the cursor it was fetched with.
+        expect(page.locator(".job-list")).to_have_attribute("data-after", cursor)
+
+    assert len(seen) == len(set(seen)) == total, "each job once, none repeated or skipped"
+    assert seen == expected, "newest first, in id order, across every page"
+    expect(page.locator(".page-number")).to_have_text(f"Page {total // 500}")
+    page.click('button[data-page="first"]')
+    expect(page.locator("tr[data-job-id]").first).to_have_attribute(
+        "data-job-id", str(first_page[0])
+    )
+    assert pages.job_ids(page) == first_page
+
+    pages.open_page(page, dashboard, "queues")
+    expect(page.locator(f'tr[data-queue="{queue_name}"] td[data-state="available"]')).to_have_text(
+        "10,000"
+    )
+    assert count(conn, "queue = %s AND state = 'available'", queue_name) == total
+
+
+def test_a_wrong_token_is_refused_and_changes_nothing(
+    page: Page, dashboards: Dashboards, conn: psycopg.Connection[Any], queue_name: str
+) -> None:
+    job = shigoto.enqueue("tests.browser.workers.note", {"n": 3}, queue=queue_name,
+                          schedule_in=3600)  # fmt: skip
+    before = row(conn, job.id)
+    dashboard = dashboards(token=TOKEN)
+    pages.open_page(page, dashboard, f"jobs/{job.id}")
+
+    # Not signed in: the action is refused (401) and the page says to sign in.
+    page.click('button[data-action="cancel"]')
+    pages.expect_flash(page, error=True, containing="Sign in first")
+
+    # A wrong token does not sign in.
+    pages.sign_in(page, "wrong-token-0123456789abcdef")
+    pages.expect_flash(page, error=True, containing="refused this token")
+    expect(page.locator('button[data-action="sign-out"]')).to_be_hidden()
+    assert page.evaluate("sessionStorage.length") == 0
+
+    # A token the server no longer takes (rotated after sign-in) is refused at the action (403).
+    pages.sign_in(page, TOKEN)
+    pages.signed_in(page)
+    page.evaluate("sessionStorage.setItem('shigoto.dashboard.token', 'rotated-token-0123456789')")
+    page.click('button[data-action="cancel"]')
+    pages.expect_flash(page, error=True, containing="Not allowed")
+    expect(page.locator('[data-view="job"] [data-field="state"]')).to_have_text("scheduled")
+
+    assert row(conn, job.id) == before, "a refused action writes nothing"
+
+
+def test_a_dashboard_without_a_token_is_read_only(
+    page: Page, dashboards: Dashboards, conn: psycopg.Connection[Any], queue_name: str
+) -> None:
+    job = shigoto.enqueue("tests.browser.workers.note", {"n": 4}, queue=queue_name)
+    dashboard = dashboards(token=None)
+    pages.open_page(page, dashboard, f"jobs/{job.id}")
+
+    expect(page.locator('input[name="token"]')).to_be_hidden()
+    expect(page.locator("[data-mode]")).to_contain_text("Read-only")
+    expect(page.locator('button[data-action="cancel"]')).to_be_disabled()
+    # Args are for signed-in viewers by default; nobody can sign in here.
+    expect(page.locator('[data-view="job"] [data-field="args"]')).to_contain_text("Hidden")
+    # The server refuses the action itself, whatever the page would allow.
+    status = page.evaluate(
+        "async (id) => (await fetch(`/api/jobs/${id}/cancel`, {method: 'POST'})).status", job.id
+    )
+    assert status in (401, 403)
+    assert state(conn, job.id) == "available"
+
+
+def test_pause_and_resume_a_queue(
+    page: Page, dashboards: Dashboards, runner_processes: Runners, conn: psycopg.Connection[Any],
+    queue_name: str,
+) -> None:  # fmt: skip
+    dashboard = dashboards(token=TOKEN)
+    shigoto.enqueue_many(
+        {"worker": "tests.browser.workers.note", "args": {"n": i}, "queue": queue_name}
+        for i in range(3)
+    )
+    pages.open_page(page, dashboard, "queues")
+    pages.sign_in(page, TOKEN)
+    pages.signed_in(page)
+    queue_row = page.locator(f'tr[data-queue="{queue_name}"]')
+    expect(queue_row.locator('td[data-state="available"]')).to_have_text("3")
+
+    queue_row.locator('button[data-action="pause"]').click()
+    pages.expect_flash(page, error=False, containing=f"Queue {queue_name}: paused")
+    expect(queue_row).to_have_attribute("data-paused", "true")
+    expect(queue_row.locator('button[data-action="resume"]')).to_be_visible()
+    assert _paused(conn, queue_name)
+
+    queue_row.locator('button[data-action="resume"]').click()
+    pages.expect_flash(page, error=False, containing=f"Queue {queue_name}: resumed")
+    expect(queue_row).to_have_attribute("data-paused", "false")
+    assert not _paused(conn, queue_name)
+
+    # Resumed, the queue's jobs run, and the page follows without a reload.
+    runner_processes(workers=WORKERS, queue=f"{queue_name}=2")
+    expect(queue_row.locator('td[data-state="completed"]')).to_have_text("3")
+    assert count(conn, "queue = %s AND state = 'completed'", queue_name) == 3
+
+
+def test_overview_draws_the_last_hour(
+    page: Page, dashboards: Dashboards, conn: psycopg.Connection[Any], queue_name: str
+) -> None:
+    # An hour of per-minute samples, as the leading runner's sampler writes them; minutes 2 to
+    # 49 ago, so none leaves the chart's hour while the test runs.
+    minutes = range(49, 1, -1)
+    for ago in minutes:
+        conn.execute(
+            "INSERT INTO shigoto_stats (at, queue, available, scheduled, executing, retryable,"
+            " completed, discarded, cancelled) VALUES (date_trunc('minute', now())"
+            " - make_interval(mins => %s), %s, %s, %s, %s, %s, %s, %s, %s)",
+            (ago, queue_name, 40 + ago % 7, 5, 3, ago % 3, 20 + ago % 11, int(ago % 5 == 0), 0),
+        )
+    shigoto.enqueue_many(
+        {"worker": "tests.browser.workers.note", "args": {"n": i}, "queue": queue_name}
+        for i in range(5)
+    )
+    dashboard = dashboards(token=TOKEN)
+    pages.open_page(page, dashboard, "overview")
+    pages.Screenshots(page).take("overview")
+
+    throughput = page.locator('svg[data-chart="throughput"]')
+    depth = page.locator('svg[data-chart="depth"]')
+    expect(throughput).to_have_attribute("data-points", str(len(minutes)))
+    expect(depth).to_have_attribute("data-points", str(len(minutes)))
+    series = "els => els.map(e => e.dataset.series)"
+    assert throughput.locator("path.series").evaluate_all(series) == [
+        "completed", "discarded", "cancelled"]  # fmt: skip
+    assert depth.locator("path.series").evaluate_all(series) == [
+        "available", "scheduled", "executing", "retryable"]  # fmt: skip
+    latest = conn.execute(
+        "SELECT completed, available FROM shigoto_stats ORDER BY at DESC LIMIT 1"
+    ).fetchone()
+    assert latest is not None
+    legend = page.locator('[data-view="overview"] .legend li')
+    expect(legend.filter(has_text="completed")).to_contain_text(str(latest[0]))
+    expect(legend.filter(has_text="available")).to_contain_text(str(latest[1]))
+    expect(page.locator('[data-count="available"] .tile-value')).to_have_text(
+        str(count(conn, "state = 'available'"))
+    )
+
+
+def test_every_page_shows_the_demo(
+    page: Page, dashboards: Dashboards, runner_processes: Runners, db_url: str,
+    conn: psycopg.Connection[Any], tmp_path: Any,
+) -> None:  # fmt: skip
+    """`shigoto demo` on the test database, then each page of the dashboard on its schema."""
+    import subprocess
+    import sys
+
+    from tests.support.runner_process import ROOT
+
+    demo = subprocess.run(
+        [sys.executable, "-m", "shigoto.cli", "demo", "--database-url", db_url],
+        cwd=ROOT, capture_output=True, text=True, timeout=100,
+    )  # fmt: skip
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    schema = "shigoto_demo"
+    conn.execute(f"SET search_path TO {schema}")
+    shigoto.cron.schedule("nightly-report", "0 3 * * *", "shigoto.cli.demo_workers.generate_report",
+                          {"report": "nightly", "pages": 3}, queue="demo-reports",
+                          timezone="Europe/Oslo", schema=schema)  # fmt: skip
+    runner_processes("--schema", schema, "--cron", workers="shigoto.cli.demo_workers",
+                     queue="demo=4")  # fmt: skip
+    wait_until(lambda: conn.execute("SELECT count(*) FROM shigoto_nodes").fetchone()[0] == 1,
+               message="the runner registers its node")  # fmt: skip
+    jobs = {r[0]: r[1] for r in conn.execute("SELECT id, state FROM shigoto_jobs ORDER BY id")}
+    dashboard = dashboards(token=TOKEN, schema=schema, show_args="always")
+    shots = pages.Screenshots(page)
+
+    pages.open_page(page, dashboard, "overview")
+    for name in ("completed", "discarded", "cancelled"):
+        expect(page.locator(f'[data-count="{name}"] .tile-value')).to_have_text(
+            str(sum(1 for s in jobs.values() if s == name))
+        )
+
+    pages.open_page(page, dashboard, "jobs")
+    assert sorted(pages.job_ids(page)) == sorted(jobs)
+    for job_id, job_state in jobs.items():
+        assert pages.row_state(page, job_id) == job_state
+    shots.take("jobs")
+
+    failed = [i for i, s in jobs.items() if s in ("discarded", "retryable")]
+    pages.open_page(page, dashboard, "failures")
+    assert sorted(pages.job_ids(page)) == sorted(failed)
+    shots.take("failures")
+
+    webhook = conn.execute(
+        "SELECT id, args, errors FROM shigoto_jobs WHERE worker LIKE '%.parse_webhook'"
+    ).fetchone()
+    assert webhook is not None
+    pages.open_page(page, dashboard, f"jobs/{webhook[0]}")
+    assert pages.detail_state(page) == "discarded"
+    shown_args = page.locator('[data-view="job"] [data-field="args"] pre').inner_text()
+    assert json.loads(shown_args) == webhook[1]
+    traceback = page.locator('[data-view="job"] [data-field="errors"] pre.traceback')
+    expect(traceback).to_have_text(webhook[2][-1]["traceback"])
+    shots.take("job")
+
+    pages.open_page(page, dashboard, "queues")
+    for queue, completed in conn.execute(
+        "SELECT queue, count(*) FROM shigoto_jobs WHERE state = 'completed' GROUP BY queue"
+    ):
+        expect(page.locator(f'tr[data-queue="{queue}"] td[data-state="completed"]')).to_have_text(
+            str(completed)
+        )
+    shots.take("queues")
+
+    pages.open_page(page, dashboard, "cron")
+    expect(page.locator('tr[data-cron="nightly-report"]')).to_contain_text("0 3 * * *")
+    expect(page.locator('tr[data-cron="nightly-report"]')).to_contain_text("Europe/Oslo")
+    shots.take("cron")
+
+    node = conn.execute("SELECT id, hostname FROM shigoto_nodes").fetchone()
+    assert node is not None
+    pages.open_page(page, dashboard, "nodes")
+    expect(page.locator(f'tr[data-node="{node[0]}"]')).to_contain_text(node[1])
+    shots.take("nodes")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, overload
 
 import psycopg
 
@@ -73,6 +73,27 @@ def _one(jobs: list[Job]) -> Job:
             "written",
         )  # fmt: skip
     return jobs[0]
+
+
+#: What `enqueue_many(returning=...)` gives back: the jobs (the default) or their ids only.
+Returning = Literal["jobs", "ids"]
+
+
+def _ids_only(returning: Any) -> bool:
+    if returning == "jobs":
+        return False
+    if returning == "ids":
+        return True
+    raise ValidationError(
+        "returning", f"must be 'jobs' (the default) or 'ids' (the new jobs' ids only, "
+        f"cheaper for big batches), got {returning!r}",
+    )  # fmt: skip
+
+
+def _direct(returning: Any) -> bool:
+    """Whether `enqueue_many` may write ids straight through `db.inserts`: ids asked for, and
+    nothing in between (no testing interceptor, no enqueue middleware) that expects jobs."""
+    return _ids_only(returning) and interceptor is None and not middleware.enqueue_middleware()
 
 
 Write = Callable[[list[JobSpec]], list[Job]]
@@ -142,6 +163,18 @@ def enqueue(
     return _one(through([spec], _writer(conn, database_url, schema, "enqueue")))
 
 
+@overload
+def enqueue_many(
+    jobs: Iterable[Mapping[str, Any]], *, batch: Any = ...,
+    conn: psycopg.Connection[Any] | None = ..., database_url: str | None = ...,
+    schema: str | None = ..., returning: Literal["jobs"] = ...,
+) -> list[Job]: ...  # fmt: skip
+@overload
+def enqueue_many(
+    jobs: Iterable[Mapping[str, Any]], *, batch: Any = ...,
+    conn: psycopg.Connection[Any] | None = ..., database_url: str | None = ...,
+    schema: str | None = ..., returning: Literal["ids"],
+) -> list[int]: ...  # fmt: skip
 def enqueue_many(
     jobs: Iterable[Mapping[str, Any]],
     *,
@@ -149,13 +182,20 @@ def enqueue_many(
     conn: psycopg.Connection[Any] | None = None,
     database_url: str | None = None,
     schema: str | None = None,
-) -> list[Job]:
+    returning: Returning = "jobs",
+) -> list[Job] | list[int]:
     """Insert many jobs all-or-nothing, in a constant number of round trips (COPY).
-    `batch=` (a `shigoto.batch`) puts every job in that batch."""
+    `batch=` (a `shigoto.batch`) puts every job in that batch. `returning="ids"` gives the
+    jobs' ids (in order; for a unique job whose key was taken, the existing job's id) instead
+    of `Job` objects: a bulk insert then builds no object per job it need not."""
+    direct = _direct(returning)
     specs = _specs(jobs, batch)
     if not specs:
         return []
-    return through(specs, _writer(conn, database_url, schema, "enqueue_many"))
+    if direct:
+        return _insert(conn, database_url, schema, specs, "enqueue_many", jobs=False).ids
+    written = through(specs, _writer(conn, database_url, schema, "enqueue_many"))
+    return [job.id for job in written] if _ids_only(returning) else written
 
 
 def _writer(
@@ -177,13 +217,24 @@ def _write(
     specs: list[JobSpec],
     source: inserts.Source,
 ) -> list[Job]:
+    return _insert(conn, database_url, schema, specs, source).jobs
+
+
+def _insert(
+    conn: psycopg.Connection[Any] | None,
+    database_url: str | None,
+    schema: str | None,
+    specs: list[JobSpec],
+    source: inserts.Source,
+    jobs: bool = True,
+) -> inserts.Inserted:
     name, url = _target(schema, database_url, conn)
     if conn is not None:
-        return inserts.insert(conn, specs, schema=name, source=source).jobs
+        return inserts.insert(conn, specs, schema=name, source=source, jobs=jobs)
     assert url is not None
     pool = database.sync_pool(url)
     with pool.connection() as c:
-        return inserts.insert(c, specs, schema=name, source=source).jobs
+        return inserts.insert(c, specs, schema=name, source=source, jobs=jobs)
 
 
 # -- async ---------------------------------------------------------------------------------
@@ -221,6 +272,18 @@ async def aenqueue(
     return _one(await athrough([spec], _awriter(conn, database_url, schema, "enqueue")))
 
 
+@overload
+async def aenqueue_many(
+    jobs: Iterable[Mapping[str, Any]], *, batch: Any = ...,
+    conn: psycopg.AsyncConnection[Any] | None = ..., database_url: str | None = ...,
+    schema: str | None = ..., returning: Literal["jobs"] = ...,
+) -> list[Job]: ...  # fmt: skip
+@overload
+async def aenqueue_many(
+    jobs: Iterable[Mapping[str, Any]], *, batch: Any = ...,
+    conn: psycopg.AsyncConnection[Any] | None = ..., database_url: str | None = ...,
+    schema: str | None = ..., returning: Literal["ids"],
+) -> list[int]: ...  # fmt: skip
 async def aenqueue_many(
     jobs: Iterable[Mapping[str, Any]],
     *,
@@ -228,12 +291,18 @@ async def aenqueue_many(
     conn: psycopg.AsyncConnection[Any] | None = None,
     database_url: str | None = None,
     schema: str | None = None,
-) -> list[Job]:
+    returning: Returning = "jobs",
+) -> list[Job] | list[int]:
     """`enqueue_many` for asyncio."""
+    direct = _direct(returning)
     specs = _specs(jobs, batch)
     if not specs:
         return []
-    return await athrough(specs, _awriter(conn, database_url, schema, "enqueue_many"))
+    if direct:
+        inserted = await _ainsert(conn, database_url, schema, specs, "enqueue_many", jobs=False)
+        return inserted.ids
+    written = await athrough(specs, _awriter(conn, database_url, schema, "enqueue_many"))
+    return [job.id for job in written] if _ids_only(returning) else written
 
 
 def _awriter(
@@ -255,13 +324,24 @@ async def _awrite(
     specs: list[JobSpec],
     source: inserts.Source,
 ) -> list[Job]:
+    return (await _ainsert(conn, database_url, schema, specs, source)).jobs
+
+
+async def _ainsert(
+    conn: psycopg.AsyncConnection[Any] | None,
+    database_url: str | None,
+    schema: str | None,
+    specs: list[JobSpec],
+    source: inserts.Source,
+    jobs: bool = True,
+) -> inserts.Inserted:
     name, url = _target(schema, database_url, conn)
     if conn is not None:
-        return (await inserts.ainsert(conn, specs, schema=name, source=source)).jobs
+        return await inserts.ainsert(conn, specs, schema=name, source=source, jobs=jobs)
     assert url is not None
     pool = await database.async_pool(url)
     async with pool.connection() as c:
-        return (await inserts.ainsert(c, specs, schema=name, source=source)).jobs
+        return await inserts.ainsert(c, specs, schema=name, source=source, jobs=jobs)
 
 
 # -- the typed shortcut: `worker.options(...).enqueue(**args)` -------------------------------

@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -46,6 +47,11 @@ from shigoto import telemetry
 from shigoto.db import statements
 from shigoto.errors import ConfigurationError, ValidationError
 from shigoto.job import JOB_COLUMNS, Job, JobState
+
+try:  # optional, as in `jobspec`: parses the args of returned jobs faster
+    import orjson
+except ImportError:  # pragma: no cover - depends on the installation
+    orjson = None
 
 #: Who asked for the insert; hooks and the telemetry event see it.
 Source = Literal["enqueue", "enqueue_many", "cron"]
@@ -254,18 +260,22 @@ def _settled(entries: list[Any], at: list[int], out: list[Any]) -> list[Any]:
     return entries
 
 
-#: A written spec's job and whether it is a conflict (an existing job); None: neither (the
-#: existing job vanished between two statements, see `_written_unique`).
-Written = tuple[Job, bool] | None
+#: A written spec's job (or only its id, when the caller asked for ids and no `Job` was
+#: built) and whether it is a conflict (an existing job); None: neither (the existing job
+#: vanished between two statements, see `_written_unique`).
+Written = tuple[Job | int, bool] | None
 
 
 @dataclass(frozen=True, slots=True)
 class Inserted:
     """The jobs of one insert, in the order of the specs the hooks returned. `conflicts` holds
-    the positions whose unique key already existed: their job is the existing one."""
+    the positions whose unique key already existed: their job is the existing one. `ids`
+    are the jobs' ids in the same order; an insert asked for ids only (`jobs=False`) leaves
+    `jobs` empty and builds no `Job` it need not."""
 
     jobs: list[Job]
     conflicts: frozenset[int] = frozenset()
+    ids: list[int] = dataclasses.field(default_factory=list)
 
 
 # -- statements that exist only for this path -----------------------------------------------
@@ -405,14 +415,43 @@ def _one_unique_params(spec: InsertSpec) -> dict[str, Any]:
     return params
 
 
-class _JsonTextDumper(StrBinaryDumper):
-    """JSON text validated and serialised by `jobspec`, in jsonb's binary format (a version
-    byte, then the text), so it is not serialised a second time."""
+#: jsonb's binary format is a version byte, then the text: the COPY rows carry the JSON
+#: text that `jobspec` validated and serialised with this byte in front (`_rows`), so a
+#: plain str dumper sends it as it is, never serialised a second time.
+_JSONB_VERSION = "\x01"
+_EMPTY_JSONB = _JSONB_VERSION + "{}"
+
+
+def _c_str_dumper() -> type | None:
+    """psycopg's compiled binary str dumper, when psycopg runs on its C implementation: it
+    encodes a value in a fraction of a Python dumper's time (a third of a bulk insert's
+    client CPU per job went to the Python one). Private in psycopg; absent, or changed, the
+    Python dumper below does the same."""
+    if psycopg.pq.__impl__ not in ("binary", "c"):
+        return None
+    try:
+        from psycopg_binary import _psycopg as compiled  # type: ignore[import-not-found]
+    except ImportError:
+        try:
+            from psycopg_c import _psycopg as compiled  # type: ignore[import-not-found,no-redef]
+        except ImportError:
+            return None
+    base = getattr(compiled, "_StrBinaryDumper", None)
+    if not isinstance(base, type):
+        return None
+    try:
+        return type("_JsonbTextDumper", (base,), {"oid": psycopg.postgres.types["jsonb"].oid})
+    except TypeError:
+        return None
+
+
+class _PyJsonbTextDumper(StrBinaryDumper):
+    """The same in Python: the text as UTF-8, already prefixed with jsonb's version byte."""
 
     oid = psycopg.postgres.types["jsonb"].oid
 
-    def dump(self, obj: str) -> bytes:
-        return b"\x01" + obj.encode(self._encoding)
+
+_JsonTextDumper: type = _c_str_dumper() or _PyJsonbTextDumper
 
 
 def _prepare_copy(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
@@ -420,18 +459,27 @@ def _prepare_copy(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
 
 
 def _rows(
-    specs: Sequence[InsertSpec], ids: Sequence[int], now: datetime, schema: str
-) -> list[tuple[Any, ...]]:
+    specs: Sequence[InsertSpec], ids: Sequence[int], now: datetime, schema: str,
+    copy: bool = False,
+) -> list[tuple[Any, ...]]:  # fmt: skip
     """The rows to write, in `copy_jobs`' column order, timed by the database's `now`; an
-    encrypted spec's args sealed for its reserved id."""
+    encrypted spec's args sealed for its reserved id. `copy`: args and meta in jsonb's
+    binary form for `_JsonTextDumper`."""
     rows = []
+    prefix = _JSONB_VERSION if copy else ""
+    at_now = (now, "available")
     for job_id, spec in zip(ids, specs, strict=True):
-        at = spec.scheduled_at or (now + timedelta(seconds=spec.delay))
-        state = "available" if at <= now else "scheduled"
+        if spec.scheduled_at is None and not spec.delay:
+            at, state = at_now
+        else:
+            at = spec.scheduled_at or (now + timedelta(seconds=spec.delay))
+            state = "available" if at <= now else "scheduled"
         args = _seal(spec, job_id, schema) if spec.encrypted else spec.args_json
+        meta = spec.meta_json
         rows.append((
-            job_id, spec.queue, spec.worker, args, state, spec.priority,
-            spec.max_attempts, spec.timeout, at, now, spec.tags, spec.meta_json,
+            job_id, spec.queue, spec.worker, prefix + args, state, spec.priority,
+            spec.max_attempts, spec.timeout, at, now, spec.tags,
+            _EMPTY_JSONB if copy and meta == "{}" else prefix + meta,
             list(spec.depends_on) or None, spec.on_parent_failure, spec.batch_id,
             spec.partition_key,
         ))  # fmt: skip
@@ -450,26 +498,41 @@ def _unique_params(specs: Sequence[InsertSpec], rows: list[tuple[Any, ...]]) -> 
     return params
 
 
+_STATES = {state.value: state for state in JobState}
+#: A run of digits that may be an integer beyond 64 bits, which orjson would read as a float.
+_LONG_DIGITS = re.compile(r"\d{19}").search
+
+
 def _parse(text: str) -> Any:
-    return {} if text == "{}" else json.loads(text)
+    """JSON text to Python, with orjson when installed (several times faster) unless the
+    text may hold an integer it would round."""
+    if text == "{}":
+        return {}
+    if orjson is not None and _LONG_DIGITS(text) is None:
+        return orjson.loads(text)
+    return json.loads(text)
 
 
 def _job(spec: InsertSpec, row: tuple[Any, ...]) -> Job:
     """The job just inserted, from what was sent plus what the database assigned: cheaper
-    than reading the whole row back and parsing its JSON."""
-    job_id, state, scheduled_at, inserted_at = row[0], row[4], row[8], row[9]
+    than reading the whole row back. Positional, in `JOB_COLUMNS` order (the hot path of a
+    bulk insert that returns jobs)."""
     return Job(
-        id=job_id, queue=spec.queue, worker=spec.worker, args=_parse(spec.args_json),
-        state=JobState(state), priority=spec.priority, max_attempts=spec.max_attempts,
-        timeout=spec.timeout, scheduled_at=scheduled_at, inserted_at=inserted_at,
-        tags=spec.tags, meta=_parse(spec.meta_json), unique_key=spec.unique_key,
-        depends_on=list(spec.depends_on) or None, on_parent_failure=spec.on_parent_failure,
-        batch_id=spec.batch_id, partition_key=spec.partition_key,
+        row[0], spec.queue, spec.worker, _parse(spec.args_json), _STATES[row[4]],
+        spec.priority, 0, spec.max_attempts, spec.timeout, row[8], row[9], None, None, None,
+        None, [], None, spec.tags, _parse(spec.meta_json), None, spec.unique_key,
+        list(spec.depends_on) or None, spec.on_parent_failure, spec.batch_id,
+        spec.partition_key,
     )  # fmt: skip
 
 
-def _jobs(specs: Sequence[InsertSpec], rows: list[tuple[Any, ...]]) -> list[Job]:
-    return [_job(spec, row) for spec, row in zip(specs, rows, strict=True)]
+def _copied(
+    specs: Sequence[InsertSpec], rows: list[tuple[Any, ...]], build: bool
+) -> list[Written]:
+    """A COPY's answers: its jobs, or only their ids."""
+    if not build:
+        return [(row[0], False) for row in rows]
+    return [(_job(spec, row), False) for spec, row in zip(specs, rows, strict=True)]
 
 
 def _one_row(spec: InsertSpec, returned: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -507,10 +570,12 @@ def _written_unique(
     return written
 
 
-def _assemble(entries: list[Any], written: Iterator[Written]) -> Inserted:
+def _assemble(entries: list[Any], written: Iterator[Written], *, jobs: bool = True) -> Inserted:
     """The caller's jobs in entry order: resolvers' `Existing` and the write's conflicts marked
-    `conflict=True`; `written` yields one answer per spec entry."""
-    jobs: list[Job] = []
+    `conflict=True`; `written` yields one answer per spec entry. `jobs=False`: ids only (an
+    existing job found for a unique key is a `Job` either way; only its id is kept)."""
+    found_jobs: list[Job] = []
+    ids: list[int] = []
     conflicts = set()
     for entry in entries:
         if isinstance(entry, Existing):
@@ -521,10 +586,16 @@ def _assemble(entries: list[Any], written: Iterator[Written]) -> Inserted:
             continue
         job, conflict = found
         if conflict:
-            conflicts.add(len(jobs))
-            job = dataclasses.replace(job, conflict=True)
-        jobs.append(job)
-    return Inserted(jobs, frozenset(conflicts))
+            conflicts.add(len(ids))
+            if jobs:
+                job = dataclasses.replace(job, conflict=True)  # type: ignore[type-var]
+        if type(job) is int:
+            ids.append(job)
+        else:
+            ids.append(job.id)  # type: ignore[union-attr]
+            if jobs:
+                found_jobs.append(job)  # type: ignore[arg-type]
+    return Inserted(found_jobs, frozenset(conflicts), ids)
 
 
 def _missing_keys(
@@ -626,9 +697,12 @@ def _refused(refused: EncryptedQueueError, schema: str, retry: bool) -> bool:
 
 
 def insert(
-    conn: psycopg.Connection[Any], specs: Sequence[InsertSpec], *, schema: str, source: Source
-) -> Inserted:
-    """Write validated specs on `conn`, joining its transaction; all or nothing."""
+    conn: psycopg.Connection[Any], specs: Sequence[InsertSpec], *, schema: str, source: Source,
+    jobs: bool = True,
+) -> Inserted:  # fmt: skip
+    """Write validated specs on `conn`, joining its transaction; all or nothing. `jobs=False`:
+    the caller wants `Inserted.ids` only, so no `Job` is built for a new row (unless a
+    `job.insert` subscriber needs them)."""
     retry = _retryable(conn)
     while True:
         started = time.monotonic()
@@ -636,6 +710,7 @@ def insert(
         entries: list[Any] = _mark(apply_hooks(list(specs), context), context)
         if not entries:
             return Inserted([])
+        build = jobs or telemetry.enabled("job.insert")
         resolvers = _resolvers(entries)
         # The resolvers' locks are released at commit, which must come after the write: on
         # an autocommit connection both run in one transaction of ours.
@@ -652,20 +727,22 @@ def insert(
                     out = resolver.resolve([entries[i] for i in at], context)
                     entries = _settled(entries, at, out)
                 todo = [e for e in entries if not isinstance(e, Existing)]
-                written = _write_many(cur, context, todo, direct=direct) if todo else []
+                written = (_write_many(cur, context, todo, direct=direct, build=build)
+                           if todo else [])  # fmt: skip
         except EncryptedQueueError as refused:
             retry = _refused(refused, schema, retry)  # marked now: the next round seals
             continue
-        result = _assemble(entries, iter(written))
+        result = _assemble(entries, iter(written), jobs=build)
         _emit(context, result, started)
         return result
 
 
 def _write_many(
-    cur: psycopg.Cursor[Any], context: InsertContext, specs: list[InsertSpec], *, direct: bool
-) -> list[Written]:
+    cur: psycopg.Cursor[Any], context: InsertContext, specs: list[InsertSpec], *, direct: bool,
+    build: bool = True,
+) -> list[Written]:  # fmt: skip
     """Write `specs` (one or many); `direct`: no savepoint is needed around a many-row write
-    (see `_caller_commits`)."""
+    (see `_caller_commits`); `build=False`: a COPY's rows come back as ids, not jobs."""
     stmts = statements.statements(context.schema)
     how = plan(specs)
     own = _own(stmts.schema)
@@ -691,12 +768,12 @@ def _write_many(
         return [(_job(specs[0], _one_row(specs[0], returned)), False)]
     if not direct and len(specs) > 1:  # one row is atomic without a savepoint
         with context.conn.transaction():  # a savepoint in the caller's transaction
-            return _write_many(cur, context, specs, direct=True)
+            return _write_many(cur, context, specs, direct=True, build=build)
     cur.execute(stmts.reserve_ids, {"count": len(specs)})
     reserved = cur.fetchone()
     assert reserved is not None
     now, ids = reserved
-    rows = _rows(specs, ids, now, context.schema)
+    rows = _rows(specs, ids, now, context.schema, copy=how == "copy")
     result: list[Written]
     if how == "copy":
         _prepare_copy(cur)
@@ -705,7 +782,7 @@ def _write_many(
             for row in rows:
                 copy.write_row(row)
             # Built while the server is still digesting the rows sent so far.
-            result = [(job, False) for job in _jobs(specs, rows)]
+            result = _copied(specs, rows, build)
         written = rows
     else:
         cur.execute(own.insert_unique, _unique_params(specs, rows))
@@ -727,8 +804,9 @@ def _write_many(
 
 
 async def ainsert(
-    conn: psycopg.AsyncConnection[Any], specs: Sequence[InsertSpec], *, schema: str, source: Source
-) -> Inserted:
+    conn: psycopg.AsyncConnection[Any], specs: Sequence[InsertSpec], *, schema: str,
+    source: Source, jobs: bool = True,
+) -> Inserted:  # fmt: skip
     """`insert` on an AsyncConnection."""
     retry = _retryable(conn)
     while True:
@@ -737,6 +815,7 @@ async def ainsert(
         entries: list[Any] = _mark(apply_hooks(list(specs), context), context)
         if not entries:
             return Inserted([])
+        build = jobs or telemetry.enabled("job.insert")
         resolvers = _resolvers(entries)
         # The resolvers' locks are released at commit, which must come after the write: on
         # an autocommit connection both run in one transaction of ours.
@@ -753,11 +832,12 @@ async def ainsert(
                     out = await resolver.resolve([entries[i] for i in at], context)
                     entries = _settled(entries, at, out)
                 todo = [e for e in entries if not isinstance(e, Existing)]
-                written = await _awrite_many(cur, context, todo, direct=direct) if todo else []
+                written = (await _awrite_many(cur, context, todo, direct=direct, build=build)
+                           if todo else [])  # fmt: skip
         except EncryptedQueueError as refused:
             retry = _refused(refused, schema, retry)  # marked now: the next round seals
             continue
-        result = _assemble(entries, iter(written))
+        result = _assemble(entries, iter(written), jobs=build)
         _emit(context, result, started)
         return result
 
@@ -768,6 +848,7 @@ async def _awrite_many(
     specs: list[InsertSpec],
     *,
     direct: bool,
+    build: bool = True,
 ) -> list[Written]:
     """`_write_many` on an AsyncCursor."""
     stmts = statements.statements(context.schema)
@@ -796,12 +877,12 @@ async def _awrite_many(
         return [(_job(specs[0], _one_row(specs[0], returned)), False)]
     if not direct and len(specs) > 1:  # one row is atomic without a savepoint
         async with context.conn.transaction():  # a savepoint in the caller's transaction
-            return await _awrite_many(cur, context, specs, direct=True)
+            return await _awrite_many(cur, context, specs, direct=True, build=build)
     await cur.execute(stmts.reserve_ids, {"count": len(specs)})
     reserved = await cur.fetchone()
     assert reserved is not None
     now, ids = reserved
-    rows = _rows(specs, ids, now, context.schema)
+    rows = _rows(specs, ids, now, context.schema, copy=how == "copy")
     result: list[Written]
     if how == "copy":
         _prepare_copy(cur)
@@ -810,7 +891,7 @@ async def _awrite_many(
             for row in rows:
                 await copy.write_row(row)
             # Built while the server is still digesting the rows sent so far.
-            result = [(job, False) for job in _jobs(specs, rows)]
+            result = _copied(specs, rows, build)
         written = rows
     else:
         await cur.execute(own.insert_unique, _unique_params(specs, rows))

@@ -340,8 +340,14 @@ def test_every_page_shows_the_demo(
     shots.take("queues")
 
     pages.open_page(page, dashboard, "cron")
-    expect(page.locator('tr[data-cron="nightly-report"]')).to_contain_text("0 3 * * *")
-    expect(page.locator('tr[data-cron="nightly-report"]')).to_contain_text("Europe/Oslo")
+    cron = page.locator('tr[data-cron="nightly-report"]')
+    expect(cron.locator('[data-field="expression"]')).to_have_text("0 3 * * *")
+    expect(cron.locator('[data-field="worker"] .worker')).to_have_attribute(
+        "title", "shigoto.cli.demo_workers.generate_report"
+    )
+    expect(cron.locator('[data-field="queue"]')).to_have_text("demo-reports")
+    expect(cron.locator('[data-field="timezone"]')).to_have_text("Europe/Oslo")
+    expect(cron.locator('[data-field="next"]')).to_contain_text("in ")  # the next 03:00, ahead
     shots.take("cron")
 
     node = conn.execute("SELECT id, hostname FROM shigoto_nodes").fetchone()

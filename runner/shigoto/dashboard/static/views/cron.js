@@ -16,13 +16,13 @@ function row(schedule) {
   return h("tr", { "data-cron": schedule.name },
     h("th", { scope: "row" }, schedule.name,
       schedule.paused ? h("span", { class: "badge paused" }, "paused") : null),
-    h("td", null, h("code", null, schedule.expression)),
-    h("td", null, shortWorker(schedule.worker)),
-    h("td", null, h("a", { href: href("jobs", { queue: schedule.queue }) }, schedule.queue)),
-    h("td", null, schedule.timezone || "UTC"),
-    h("td", null, schedule.paused ? h("span", { class: "muted" }, "paused") : when(schedule.next_at)),
-    h("td", null, when(schedule.last_slot_at)),
-    h("td", null, lastJob(schedule)));
+    h("td", { "data-field": "expression" }, h("code", null, schedule.expression)),
+    h("td", { "data-field": "worker" }, shortWorker(schedule.worker)),
+    h("td", { "data-field": "queue" }, h("a", { href: href("jobs", { queue: schedule.queue }) }, schedule.queue)),
+    h("td", { "data-field": "timezone" }, schedule.timezone || "UTC"),
+    h("td", { "data-field": "next" }, schedule.paused ? h("span", { class: "muted" }, "paused") : when(schedule.next_at)),
+    h("td", { "data-field": "last-slot" }, when(schedule.last_slot_at)),
+    h("td", { "data-field": "last-job" }, lastJob(schedule)));
 }
 
 export function mount(root) {

@@ -4,7 +4,9 @@ Every phase runs against one database with a clean `shigoto_jobs` table (the CLI
 dedicated `shigoto_bench` database on the configured server, drops it afterwards, and never
 touches the caller's own data). The phases, each reported with its own figures:
 
-1. bulk enqueue: `enqueue_many` in batches (one COPY per batch), jobs/s;
+1. bulk enqueue: `enqueue_many` in batches (one COPY per batch), jobs/s; by default with
+   `returning="ids"`, as a producer that only needs the ids calls it (`--bulk-returning
+   jobs` measures the default return value, a `Job` per row);
 2. single enqueue: sequential `enqueue` calls, one transaction each, jobs/s;
 3. processing: no-op async jobs, pre-loaded, run by one in-process `Runner` at the given
    concurrency; jobs/s from its first claim to the last acknowledged completion;
@@ -66,17 +68,22 @@ class BenchConfig:
     concurrency: int = 50
     latency_jobs: int = 500
     latency_gap: tuple[float, float] = (0.002, 0.010)
+    #: What the bulk phase asks `enqueue_many` to return: "ids" or "jobs".
+    bulk_returning: str = "ids"
     finished: int = 0
     schema: str = config.DEFAULT_SCHEMA
 
     @classmethod
-    def from_jobs(cls, jobs: int, concurrency: int, finished: int, schema: str) -> BenchConfig:
+    def from_jobs(
+        cls, jobs: int, concurrency: int, finished: int, schema: str,
+        bulk_returning: str = "ids",
+    ) -> BenchConfig:  # fmt: skip
         """`--jobs N`: N processed jobs, 5N bulk-enqueued, N/4 single enqueues, 500 latency."""
         jobs = max(jobs, 1)
         return cls(
             bulk_jobs=5 * jobs, single_jobs=max(jobs // 4, 1), process_jobs=jobs,
             concurrency=concurrency, latency_jobs=min(500, jobs), finished=max(finished, 0),
-            schema=schema,
+            schema=schema, bulk_returning=bulk_returning,
         )  # fmt: skip
 
 
@@ -198,15 +205,17 @@ def measure_bulk(url: str, cfg: BenchConfig, progress: Progress) -> dict[str, An
     enqueue_many(_noop_jobs(1), database_url=url, schema=cfg.schema)  # warm the pool
     _reset(url, cfg.schema)
     load = _load()
+    returning: Any = cfg.bulk_returning
     with progress.phase("bulk enqueue (COPY)", cfg.bulk_jobs) as advance:
         started, cpu = time.perf_counter(), time.process_time()
         for batch in batches:
-            enqueue_many(batch, database_url=url, schema=cfg.schema)
+            enqueue_many(batch, database_url=url, schema=cfg.schema, returning=returning)
             advance(len(batch))
         seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     inserted = _count(url, cfg.schema, "available")
     return {
         "jobs": cfg.bulk_jobs, "batch": min(cfg.bulk_batch, cfg.bulk_jobs), "inserted": inserted,
+        "returning": cfg.bulk_returning,
         "seconds": round(seconds, 3), "jobs_per_s": _rate(cfg.bulk_jobs, seconds),
         "client_cpu_us_per_job": _per_job_us(cpu, cfg.bulk_jobs), "load_before": load,
     }  # fmt: skip
@@ -614,7 +623,8 @@ def render(report: dict[str, Any]) -> None:
         return _num(phase.get("client_cpu_us_per_job"), ",.1f", " µs")
 
     table.add_row("bulk enqueue", _num(b["jobs_per_s"], ",.0f", " jobs/s"), "≥ 80,000", cpu(b),
-                  f"{b['jobs']:,} jobs, batches of {b['batch']:,}")  # fmt: skip
+                  f"{b['jobs']:,} jobs, batches of {b['batch']:,}, returning "
+                  f"{b.get('returning', 'jobs')}")  # fmt: skip
     table.add_row("single enqueue", _num(s["jobs_per_s"], ",.0f", " jobs/s"), "≥ 2,500",
                   cpu(s), f"{s['jobs']:,} calls, 1 tx each")  # fmt: skip
     table.add_row("processing", _num(p["jobs_per_s"], ",.0f", " jobs/s"), "≥ 10,000", cpu(p),
@@ -646,8 +656,10 @@ def main(args: argparse.Namespace, database_url: str) -> int:
     """The `shigoto bench` command."""
     import logging
 
+    finished = getattr(args, "finished", 0) or 0
+    returning = getattr(args, "bulk_returning", None) or "ids"
     cfg = BenchConfig.from_jobs(
-        args.jobs, args.concurrency, getattr(args, "finished", 0) or 0, config.schema(args.schema)
+        args.jobs, args.concurrency, finished, config.schema(args.schema), returning
     )
     # The runners' start/stop and leadership lines would scroll the progress display;
     # warnings still show.

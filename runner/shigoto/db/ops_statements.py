@@ -175,7 +175,7 @@ WHERE queue = %(queue)s AND state = ANY(%(states)s)
 #: How many finished rows the live table may hold for their counts to be exact: up to this
 #: many are counted (the newest, through the finished index); past it, the counts by queue are
 #: the planner's estimates (`finished_estimate`), and say so.
-FINISHED_EXACT_LIMIT = 10_000
+FINISHED_EXACT_LIMIT = 5_000
 
 #: The order of the count columns of OPERATOR_COUNTS (after the queue name).
 OPERATOR_COUNT_STATES = (
@@ -245,6 +245,31 @@ SELECT queue, sum(completed)::bigint, sum(discarded)::bigint, sum(cancelled)::bi
        count(*)::int
 FROM {stats} WHERE at > now() - interval '1 hour'
 GROUP BY queue ORDER BY queue
+"""
+
+
+# `shigoto status`: progress of the builder's workflows that still have work to do, oldest
+# first (by their first step). Only workflows with a live step are looked at (migration
+# 0021's live index), and only their own steps are counted (its index of every step).
+STATUS_WORKFLOWS = """
+WITH live AS (
+    SELECT meta -> 'workflow' ->> 'id' AS id, min(id) AS first_live
+    FROM {jobs}
+    WHERE meta ? 'workflow' AND state IN ('scheduled', 'available', 'executing', 'retryable')
+    GROUP BY 1
+    ORDER BY 2 LIMIT %(limit)s
+)
+SELECT l.id, min(j.meta -> 'workflow' ->> 'name') AS name,
+       count(*) AS total,
+       count(*) FILTER (WHERE j.state = 'completed') AS completed,
+       count(*) FILTER (WHERE j.state IN ('discarded', 'cancelled')) AS failed,
+       count(*) FILTER (WHERE j.state = 'scheduled'
+                          AND j.scheduled_at = '9999-12-31 00:00:00+00') AS waiting,
+       count(*) FILTER (WHERE j.state = 'executing') AS executing
+FROM live AS l
+JOIN {jobs} AS j ON j.meta ? 'workflow' AND (j.meta -> 'workflow' ->> 'id') = l.id
+GROUP BY l.id
+ORDER BY min(j.id)
 """
 
 

@@ -425,7 +425,7 @@ def _status_steps(schema: str) -> Steps[Status]:
     ]  # fmt: skip
     cron = _cron_entries((yield ops_statements.compose(ops_statements.CRON_ENTRIES, schema),
                           None).rows)  # fmt: skip
-    flows = (yield statements.compose(workflows.WORKFLOW_PROGRESS, schema),
+    flows = (yield ops_statements.compose(ops_statements.STATUS_WORKFLOWS, schema),
              {"limit": STATUS_WORKFLOWS}).dicts()  # fmt: skip
     waiting = (yield statements.compose(workflows.WAITING_COUNT, schema), None).one()
     return Status(counted.by_queue, counted.ages, nodes, cron, settings,

@@ -15,12 +15,11 @@ from tests.browser.dashboard_process import DashboardProcess
 
 
 def open_page(page: Page, dashboard: DashboardProcess, route: str) -> None:
-    """Go to `#/<route>` and wait until its view is drawn (no "Loading…" left in it)."""
+    """Go to `#/<route>` and wait until its view is drawn from the server's data."""
     page.goto(f"{dashboard.url}/#/{route}")
     view = route.split("?", 1)[0].split("/", 1)[0]
     name = "job" if route.startswith("jobs/") else view
-    expect(page.locator(f'[data-view="{name}"]')).to_be_visible()
-    expect(page.locator(f'[data-view="{name}"] .loading')).to_have_count(0)
+    expect(page.locator(f'[data-view="{name}"][data-loaded="true"]')).to_be_visible()
 
 
 def sign_in(page: Page, token: str) -> None:

@@ -71,15 +71,24 @@ def test_cancel_a_scheduled_job(
 ) -> None:
     keep = shigoto.enqueue("tests.browser.workers.note", {"n": 1}, queue=queue_name,
                            schedule_in=3600)  # fmt: skip
-    job = shigoto.enqueue("tests.browser.workers.note", {"n": 2}, queue=queue_name,
-                          schedule_in=3600)  # fmt: skip
+    hostile = "<img src=x onerror=window.pwned=1>"
+    job = shigoto.enqueue("tests.browser.workers.note", {"n": 2, "note": hostile},
+                          queue=queue_name, schedule_in=3600)  # fmt: skip
     dashboard = dashboards(token=TOKEN)
 
     pages.open_page(page, dashboard, f"jobs?queue={queue_name}")
     assert pages.job_ids(page) == [job.id, keep.id]
     assert pages.row_state(page, job.id) == "scheduled"
+    # Args are for signed-in viewers (the default --show-args token).
+    expect(page.locator(f'tr[data-job-id="{job.id}"] .args-cell')).to_have_text(
+        "\u2039sign in to see\u203a"
+    )
     pages.sign_in(page, TOKEN)
     pages.signed_in(page)
+    # Signed in, the args show, as text: markup in them is never parsed.
+    expect(page.locator(f'tr[data-job-id="{job.id}"] .args-cell')).to_contain_text(hostile)
+    assert page.locator("table.jobs img").count() == 0
+    assert page.evaluate("window.pwned") is None
     page.click(f'tr[data-job-id="{job.id}"] a')
     expect(page.locator(f'[data-view="job"][data-job="{job.id}"]')).to_be_visible()
     assert pages.detail_state(page) == "scheduled"

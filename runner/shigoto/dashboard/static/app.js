@@ -174,6 +174,12 @@ function clearProblem() {
   if (notice) notice.remove();
 }
 
+/** Mark the view as drawn from the server's data (`data-loaded`), for scripts and tests. */
+function loaded() {
+  const section = main.querySelector(":scope > [data-view]");
+  if (section) section.dataset.loaded = "true";
+}
+
 /** Re-fetch the current view; a refresh asked for while one runs happens right after it. */
 async function refresh() {
   const view = current;
@@ -188,7 +194,10 @@ async function refresh() {
       view.again = false;
       try {
         await view.view.refresh();
-        if (view === current) clearProblem();
+        if (view === current) {
+          clearProblem();
+          loaded();
+        }
       } catch (error) {
         if (view === current && error.name !== "AbortError") problem(error);
       }

@@ -26,8 +26,7 @@ that table and this registry equal).
 from __future__ import annotations
 
 import contextlib
-import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from wsgiref.simple_server import WSGIServer
@@ -180,9 +179,9 @@ class OperatorMetrics:
             process_collector.ProcessCollector(registry=self.registry)
             platform_collector.PlatformCollector(registry=self.registry)
             gc_collector.GCCollector(registry=self.registry)
-        # (namespace, object name) -> the (namespace, queue) labels its series carry
+        # (namespace, object name) -> the (namespace, queue) labels its series carry. Only the
+        # operator's event loop records; the HTTP thread reads the metric objects alone.
         self._queues: dict[tuple[str, str], tuple[str, str]] = {}
-        self._lock = threading.Lock()
 
     # -- recording ------------------------------------------------------------------------
 
@@ -200,11 +199,10 @@ class OperatorMetrics:
         """Record one Queue pass. Unknown counts (the database did not answer) remove the job
         series instead of repeating stale numbers; `shigoto_operator_database_up` says why."""
         labels = (namespace, queue)
-        with self._lock:
-            old = self._queues.get((namespace, name))
-            if old is not None and old != labels:
-                self._remove(old, keeping=(namespace, name))
-            self._queues[(namespace, name)] = labels
+        old = self._queues.get((namespace, name))
+        if old is not None and old != labels:
+            self._remove(old, keeping=(namespace, name))
+        self._queues[(namespace, name)] = labels
         if counts is None:
             self._remove_jobs(labels)
         else:
@@ -220,10 +218,9 @@ class OperatorMetrics:
 
     def forget_queue(self, namespace: str, name: str) -> None:
         """The Queue is gone (or its daemon stopped): drop its series."""
-        with self._lock:
-            labels = self._queues.pop((namespace, name), None)
-            if labels is not None:
-                self._remove(labels, keeping=None)
+        labels = self._queues.pop((namespace, name), None)
+        if labels is not None:
+            self._remove(labels, keeping=None)
 
     def reconcile_started(self, kind: str) -> None:
         self.passes.labels(kind).inc()
@@ -250,14 +247,6 @@ class OperatorMetrics:
     def exposition(self) -> bytes:
         """The Prometheus text format of everything in this registry."""
         return generate_latest(self.registry)
-
-    def names(self) -> Iterator[str]:
-        """Every sample name this registry can export (counters with `_total`)."""
-        for family in self.registry.collect():
-            if family.type == "counter":
-                yield family.name + "_total"
-            else:
-                yield family.name
 
 
 class MetricsServer:

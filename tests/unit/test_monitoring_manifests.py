@@ -101,6 +101,11 @@ def test_alerts_match_the_table_in_docs_monitoring() -> None:
     assert {rule["alert"]: rule.get("for") or "—" for rule in rules()} == documented
 
 
+def test_the_runner_memory_panel_selects_the_runner_container() -> None:
+    [memory] = [expr for _, expr in dashboard_expressions() if "process_resident" in expr]
+    assert f'container="{builders.RUNNER_CONTAINER}"' in memory
+
+
 def test_panels_have_unique_ids_and_fit_the_grid() -> None:
     panels = dashboard()["panels"]
     ids = [p["id"] for p in panels]

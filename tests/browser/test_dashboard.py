@@ -364,3 +364,24 @@ def test_every_page_shows_the_demo(
     pages.open_page(page, dashboard, "nodes")
     expect(page.locator(f'tr[data-node="{node[0]}"]')).to_contain_text(node[1])
     shots.take("nodes")
+
+
+def test_without_server_sent_events_the_page_polls(
+    page: Page, dashboards: Dashboards, conn: psycopg.Connection[Any], queue_name: str
+) -> None:
+    """A browser (or a proxy) without a working event stream still sees changes: the page polls
+    every five seconds."""
+    job = shigoto.enqueue("tests.browser.workers.note", {"n": 5}, queue=queue_name,
+                          schedule_in=3600)  # fmt: skip
+    dashboard = dashboards(token=TOKEN)
+    page.add_init_script("delete window.EventSource")
+    pages.open_page(page, dashboard, f"jobs?queue={queue_name}")
+    expect(page.locator("[data-live]")).to_have_attribute("data-live", "polling")
+    assert pages.row_state(page, job.id) == "scheduled"
+
+    # Someone else cancels it (the CLI, another dashboard): the page shows it without a reload.
+    assert shigoto.cancel_by(ids=[job.id]) == [job.id]
+    expect(page.locator(f'tr[data-job-id="{job.id}"] td[data-field="state"]')).to_have_text(
+        "cancelled"
+    )
+    assert state(conn, job.id) == "cancelled"

@@ -6,13 +6,15 @@ templates), and a rule file made of the dashboard's queries shows they parse too
 `promtool test rules` then evaluates the alerts on series recorded here: a real `shigoto run`
 process serving queues `mail` and `clean` on the test database, and the operator's real
 metrics code (its `Databases` registry with the database probe, `OperatorMetrics`, its HTTP
-server) watching `mail`, `clean`, `stuck` (no runner serves it) and a database that does not
-answer. Both /metrics are scraped over HTTP once per step, each scrape given the target labels
-the PodMonitors would add, and the steps are laid one minute apart (the run itself takes
-seconds; the alerts' windows are minutes):
+server) watching `mail`, `clean`, `stuck` and `held` (no runner serves either; `held` is
+paused by its Queue's spec) and a database that does not answer. Both /metrics are scraped
+over HTTP once per step, each scrape given the target labels the PodMonitors would add, and
+the steps are laid one minute apart (the run itself takes seconds; the alerts' windows are
+minutes):
 
 - steps 0-19, the runner alive: each step enqueues good and discarded jobs into `mail`, good
-  ones into `clean`, and 20 more into `stuck`, whose first job is 20 minutes overdue;
+  ones into `clean`, and 20 more into each of `stuck` and `held`, whose first jobs are 20
+  minutes overdue;
 - steps 20-33, the runner stopped (SIGTERM) with 30 jobs left in `mail`: its scrapes fail;
 - steps 34-51, the operator's metrics server stopped: its scrapes fail too.
 
@@ -62,7 +64,9 @@ OPERATOR_TARGET = {
     "endpoint": "metrics", "job": "shigoto-system/shigoto-operator",
 }  # fmt: skip
 #: (Queue object, queue) the operator watches on the test database, all in namespace shop.
-QUEUES = (("emails", "mail"), ("clean", "clean"), ("stuck", "stuck"))
+QUEUES = (("emails", "mail"), ("clean", "clean"), ("stuck", "stuck"), ("held", "held"))
+#: Queues without a runner, filled at every step; `held` is paused by its Queue's spec.
+UNSERVED = ("stuck", "held")
 
 RUNNING, STOPPED, NO_OPERATOR = range(0, 20), range(20, 34), range(34, 52)
 
@@ -203,7 +207,8 @@ class Operator:
             self.metrics.reconcile_started(QUEUE)
             reading = await self.db.counts.get(queue, max_age=0)
             self.metrics.observe_queue("shop", name, queue, counts=reading.counts,
-                                       desired=None, deployment=None)  # fmt: skip
+                                       desired=None, deployment=None,
+                                       paused=queue == "held")  # fmt: skip
         self.metrics.reconcile_started(QUEUE)
         self.metrics.observe_queue("crm", "lost", "lost", counts=None, desired=None,
                                    deployment=None)  # fmt: skip
@@ -223,8 +228,9 @@ async def record_run(
     try:
         await operator.watch(db_url, nowhere)
         overdue = datetime.now(UTC) - timedelta(minutes=20)
-        shigoto.enqueue(ECHO, {}, queue="stuck", scheduled_at=overdue)
-        enqueue("stuck", 149)
+        for queue in UNSERVED:
+            shigoto.enqueue(ECHO, {}, queue=queue, scheduled_at=overdue)
+            enqueue(queue, 149)
 
         def probed() -> bool:  # the lost database's first probe waits out the pool's 10 s
             return all(s.health is not None for s in operator.databases.samples())
@@ -249,7 +255,8 @@ async def record_run(
                 enqueue("mail", 3)
                 enqueue("mail", 2, DISCARD, kind="discard", value="bad input")
                 enqueue("clean", 2)
-                enqueue("stuck", 20)
+                for queue in UNSERVED:
+                    enqueue(queue, 20)
 
             def caught_up(i: int = i) -> str | None:
                 text = scrape(runner_port)
@@ -274,7 +281,8 @@ async def record_run(
 
         await until(no_runner_left, message="the stopped runner's node is gone")
         for _ in STOPPED:
-            enqueue("stuck", 20)
+            for queue in UNSERVED:
+                enqueue(queue, 20)
             await step(scrape(runner_port))
         operator.server.stop()
         for _ in NO_OPERATOR:
@@ -309,7 +317,8 @@ def expectations(lost_database: str) -> dict[int, list[dict[str, Any]]]:
         # every condition that holds from the start is still pending: none has lasted its `for`
         4: at(),
         # the runner alive: discards in mail; stuck has no runner, a growing backlog, an old
-        # job; the lost database is down. mail and clean have runners and nothing waiting.
+        # job; the lost database is down. mail and clean have runners and nothing waiting;
+        # held is stuck's twin, but paused on purpose.
         19: at(
             ShigotoDiscardRateHigh=firing("ShigotoDiscardRateHigh", discards),
             ShigotoQueueNoLiveRunner=firing(

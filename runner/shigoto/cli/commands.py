@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 
 from shigoto import config, logs
-from shigoto.cli import jobs, rekey
+from shigoto.cli import dashboard, jobs, rekey
 from shigoto.db import embedded
 from shigoto.errors import ConfigurationError, Error, ValidationError
 from shigoto.flow.codel import DEFAULT_INTERVAL as SHED_INTERVAL
@@ -365,6 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     rekey.add_parsers(sub, _common)
     jobs.add_parsers(sub, _common)
+    dashboard.add_parser(sub, _common)
     return parser
 
 
@@ -674,5 +675,6 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": _demo,
     **rekey.COMMANDS,
     **jobs.commands(_database_url),
+    **dashboard.commands(_database_url),
 }
 

@@ -9,7 +9,10 @@ checks the expressions' syntax: tests/integration/test_monitoring_rules.py.)
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +176,22 @@ def test_kustomization_lists_the_monitoring_files(name: str) -> None:
     [generator] = kustomization["configMapGenerator"]
     assert generator["options"]["labels"]["grafana_dashboard"] == "1"
     assert generator["files"] == ["shigoto.json=grafana-dashboard.json"]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (embedded kustomize) absent")
+def test_kustomize_builds_the_monitoring_bundle() -> None:
+    result = subprocess.run(
+        ["kubectl", "kustomize", str(MONITORING)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    rendered = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in rendered) == [
+        ("ConfigMap", "shigoto-grafana-dashboard"),
+        ("PodMonitor", "shigoto-operator"),
+        ("PodMonitor", "shigoto-runners"),
+        ("PrometheusRule", "shigoto"),
+    ]
+    assert {o["metadata"]["namespace"] for o in rendered} == {"shigoto-system"}
+    [config_map] = [o for o in rendered if o["kind"] == "ConfigMap"]
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(config_map["data"]["shigoto.json"]) == dashboard()

@@ -65,6 +65,16 @@ def test_retry_a_discarded_job_and_see_it_complete(
     assert (done["state"], done["attempt"]) == ("completed", 2)
     assert done["result"] == {"order_id": 7, "charged_on_attempt": 2}
 
+    # Finished, it may be deleted: the page asks twice, then the row is gone.
+    delete = page.locator('button[data-action="delete"]')
+    delete.click()
+    expect(delete).to_have_text("Delete for good?")
+    assert count(conn, "id = %s", job.id) == 1
+    delete.click()
+    pages.expect_flash(page, error=False, containing=f"Job {job.id}: deleted")
+    expect(page.locator('[data-view="jobs"][data-loaded="true"]')).to_be_visible()
+    assert count(conn, "id = %s", job.id) == 0
+
 
 def test_cancel_a_scheduled_job(
     page: Page, dashboards: Dashboards, conn: psycopg.Connection[Any], queue_name: str

@@ -99,7 +99,8 @@ function facts(job) {
   return h("dl", { class: "facts" }, rows.flatMap(([k, v]) => [h("dt", null, k), h("dd", null, v)]));
 }
 
-function actions(job, ctx, onDeleted) {
+/** The buttons; `pending` remembers a delete awaiting its second click across live redraws. */
+function actions(job, ctx, pending, onDeleted) {
   const session = ctx.session();
   const buttons = ["retry", "cancel", "delete"].map((action) => {
     const ok = allowed(action, job.state);
@@ -107,13 +108,14 @@ function actions(job, ctx, onDeleted) {
       type: "button", "data-action": action, class: action === "delete" ? "danger" : null,
       disabled: !ok || !session.actions_enabled,
       title: !session.actions_enabled ? "Actions are disabled on this dashboard" : ok ? null : WHY_NOT[action],
-    }, action[0].toUpperCase() + action.slice(1));
+    }, action === "delete" && pending.delete ? "Delete for good?" : action[0].toUpperCase() + action.slice(1));
     button.addEventListener("click", async () => {
-      if (action === "delete" && button.dataset.confirm !== "yes") {
-        button.dataset.confirm = "yes";
+      if (action === "delete" && !pending.delete) {
+        pending.delete = true;
         button.textContent = "Delete for good?";
         return;
       }
+      pending.delete = false;
       button.disabled = true;
       const answer = await ctx.act(`/api/jobs/${job.id}/${action}`,
         `Job ${job.id}: ${{ retry: "retried", cancel: "cancelled", delete: "deleted" }[action]}`);
@@ -134,6 +136,7 @@ export function mount(root, route, ctx) {
     h("p", { class: "loading" }, "Loading…"));
   root.append(section);
   const gone = () => ctx.navigate(href("jobs"));
+  const pending = { delete: false };
 
   async function refresh() {
     let answer;
@@ -156,7 +159,7 @@ export function mount(root, route, ctx) {
       h("div", { class: "view-head job-head" },
         h("h1", null, `Job #${job.id} `, h("span", { class: "worker-name" }, job.worker.split(".").pop())),
         h("span", { "data-field": "state" }, badge(job.state)),
-        actions(job, ctx, gone)),
+        actions(job, ctx, pending, gone)),
       progressBlock(job),
       failing ? errorsBlock(job) : null,
       h("div", { class: "job-grid" },

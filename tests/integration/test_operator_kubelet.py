@@ -39,6 +39,8 @@ JOBS = 300
 @pytest.fixture(autouse=True)
 def fast_operator(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHIGOTO_OPERATOR_RETRY_INTERVAL", "0.5")
+    # In-process operators: no metrics server each on port 9090 (test_operator_metrics has one).
+    monkeypatch.setenv("SHIGOTO_OPERATOR_METRICS_PORT", "0")
     monkeypatch.setenv("SHIGOTO_OPERATOR_LEADER_INTERVAL", "0.5")
 
 

@@ -395,3 +395,40 @@ def test_without_server_sent_events_the_page_polls(
         "cancelled"
     )
     assert state(conn, job.id) == "cancelled"
+
+
+def test_filters_find_jobs_and_a_bad_one_is_marked(
+    page: Page, dashboards: Dashboards, conn: psycopg.Connection[Any], queue_name: str
+) -> None:
+    wanted = shigoto.enqueue("tests.browser.workers.note", {"n": 42}, queue=queue_name,
+                             tags=["vip"])  # fmt: skip
+    shigoto.enqueue("tests.browser.workers.note", {"n": 43}, queue=queue_name)
+    dashboard = dashboards(token=TOKEN, show_args="always")
+    pages.open_page(page, dashboard, "jobs")
+    form = page.locator("form[data-filter]")
+
+    form.locator('input[name="queue"]').fill(queue_name)
+    form.locator('input[name="args"]').fill('{"n": 42}')
+    form.locator('button[type="submit"]').click()
+    expect(page.locator(".job-list")).to_have_attribute("data-count", "1")
+    assert pages.job_ids(page) == [wanted.id]
+    assert "args=" in page.url, "the filter is in the link, so it survives a reload"
+    page.reload()
+    expect(page.locator('[data-view="jobs"][data-loaded="true"]')).to_be_visible()
+    assert pages.job_ids(page) == [wanted.id]
+    expect(form.locator('input[name="args"]')).to_have_value('{"n": 42}')
+
+    form.locator('input[name="args"]').fill("[1, 2]")
+    form.locator('button[type="submit"]').click()
+    expect(form.locator('input[name="args"]')).to_have_attribute("aria-invalid", "true")
+    expect(page.locator("[data-filter-error]")).to_contain_text("Args contain: ")
+    expect(page.locator("tr[data-job-id]")).to_have_count(0)
+
+    form.locator('input[name="args"]').fill("")
+    form.locator('input[name="tag"]').fill("vip")
+    form.locator('button[type="submit"]').click()
+    expect(form.locator('input[name="args"]')).not_to_have_attribute("aria-invalid", "true")
+    expect(page.locator(".job-list")).to_have_attribute("data-count", "1")
+    assert pages.job_ids(page) == [wanted.id]
+    tagged = conn.execute("SELECT id FROM shigoto_jobs WHERE 'vip' = ANY(tags)").fetchall()
+    assert [r[0] for r in tagged] == [wanted.id]

@@ -11,6 +11,9 @@ import { href } from "../router.js";
 import { jobTable } from "./job_table.js";
 
 const FILTERS = ["queue", "worker", "state", "tag", "args"];
+const LABELS = {
+  queue: "Queue", worker: "Worker", state: "State", tag: "Tag", args: "Args contain", limit: "Per page",
+};
 const LIMITS = ["50", "100", "500"];
 const FAILED = "discarded,retryable";
 
@@ -32,12 +35,12 @@ function filterForm(params, failures, onSubmit) {
     name, value: params[name] || "", placeholder, autocomplete: "off", spellcheck: "false",
   });
   return h("form", { class: "filters", "data-filter": "", onsubmit: onSubmit },
-    field("queue", "Queue", input("queue", "any")),
-    field("worker", "Worker", input("worker", "any")),
-    failures ? null : field("state", "State", stateSelect(params.state)),
-    field("tag", "Tag", input("tag", "any")),
-    field("args", "Args contain", input("args", '{"user_id": 42}')),
-    field("limit", "Per page", h("select", { name: "limit" },
+    field("queue", LABELS.queue, input("queue", "any")),
+    field("worker", LABELS.worker, input("worker", "any")),
+    failures ? null : field("state", LABELS.state, stateSelect(params.state)),
+    field("tag", LABELS.tag, input("tag", "any")),
+    field("args", LABELS.args, input("args", '{"user_id": 42}')),
+    field("limit", LABELS.limit, h("select", { name: "limit" },
       LIMITS.map((n) => h("option", { value: n, selected: n === (params.limit || "50") }, n)))),
     h("div", { class: "filter-buttons" },
       h("button", { type: "submit", class: "primary" }, "Filter"),
@@ -105,7 +108,9 @@ export function mount(root, route, ctx) {
       // A filter the server refuses (400 bad value, 403 args filter while args are hidden).
       if (error instanceof api.ApiError && (error.status === 400 || (error.status === 403 && error.field))) {
         markInvalid(form, error);
-        replace(table, h("p", { class: "notice error", "data-filter-error": "" }, error.message));
+        const label = LABELS[error.field];
+        replace(table, h("p", { class: "notice error", "data-filter-error": "" },
+          label ? `${label}: ${error.message}` : error.message));
         next.disabled = true;
         return;
       }

@@ -166,7 +166,7 @@ def cron(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
 
     schedules = []
     for row in _rows(conn, ds.CRON, schema):
-        name, expr, tz, worker, queue, enabled, last_slot, last_id, last_state, at = row
+        name, expr, worker, queue, tz, enabled, last_slot, last_id, last_state, at = row
         try:
             upcoming = expression.parse(expr, tz).next_after(at) if enabled else None
         except ValidationError:

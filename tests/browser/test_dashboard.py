@@ -432,3 +432,33 @@ def test_filters_find_jobs_and_a_bad_one_is_marked(
     assert pages.job_ids(page) == [wanted.id]
     tagged = conn.execute("SELECT id FROM shigoto_jobs WHERE 'vip' = ANY(tags)").fetchall()
     assert [r[0] for r in tagged] == [wanted.id]
+
+
+def test_encrypted_args_stay_hidden_from_everyone(
+    page: Page, dashboards: Dashboards, conn: psycopg.Connection[Any]
+) -> None:
+    """Even with --show-args always and a signed-in viewer, sealed args are never opened."""
+    from shigoto.db import inserts
+    from shigoto.encryption import Key, KeyRing, sealing
+    from tests.support import encryption_workers
+    from tests.support.encryption_workers import SECRET
+
+    sealing.use_keys(KeyRing([Key.from_secret(b"k" * 32)]))
+    try:
+        job = shigoto.enqueue(encryption_workers.charge, {"card": SECRET})
+    finally:
+        sealing.reload_keys()
+        inserts._ENCRYPTED_QUEUES.clear()  # as the encryption tests do: no state left behind
+    assert SECRET not in json.dumps(row(conn, job.id)["args"]), "sealed in the database"
+    dashboard = dashboards(token=TOKEN, show_args="always")
+    pages.open_page(page, dashboard, f"jobs/{job.id}")
+    pages.sign_in(page, TOKEN)
+    pages.signed_in(page)
+
+    args = page.locator('[data-view="job"] [data-field="args"]')
+    expect(args.locator('[data-hidden="encrypted"]')).to_contain_text("Encrypted")
+    pages.open_page(page, dashboard, "jobs")
+    expect(page.locator(f'tr[data-job-id="{job.id}"] .args-cell')).to_have_text(
+        "\u2039encrypted\u203a"
+    )
+    assert SECRET not in page.content()

@@ -117,11 +117,12 @@ def _extras(conn: psycopg.Connection[Any], schema: str) -> None:
     nodes = sql.Identifier(schema, "shigoto_nodes")
     conn.execute(sql.SQL(
         "INSERT INTO {} (id, hostname, pid, queues)"
-        " SELECT 'node-' || i, 'host-' || i, 1000 + i, jsonb_build_object(%(q1)s::text, 10, %(q2)s::text, 5)"
+        " SELECT 'node-' || i, 'host-' || i, 1000 + i,"
+        "        jsonb_build_object(%(q1)s::text, 10, %(q2)s::text, 5)"
         " FROM generate_series(0, 7) AS i"
     ).format(nodes), {"q1": QUEUES[0], "q2": QUEUES[1]})  # fmt: skip
     conn.execute(sql.SQL(
-        "UPDATE {} SET state = 'executing', attempted_by = 'node-' || (id %% 8),"
+        "UPDATE {} SET state = 'executing', attempted_by = 'node-' || mod(id, 8),"
         " attempted_at = now() WHERE id IN (SELECT id FROM {} WHERE state = 'available'"
         " ORDER BY id LIMIT 200)"
     ).format(_jobs(schema), _jobs(schema)))  # fmt: skip

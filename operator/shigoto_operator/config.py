@@ -12,6 +12,8 @@ process itself, each with an env var so the operator Deployment can set it.
 | Prometheus `/metrics` port (0: off) | `SHIGOTO_OPERATOR_METRICS_PORT` | 9090 |
 | address of that port | `SHIGOTO_OPERATOR_METRICS_HOST` | 0.0.0.0 |
 | database probe for the metrics | `SHIGOTO_OPERATOR_METRICS_INTERVAL` | 15 s |
+| dashboard of every known database (0: off) | `SHIGOTO_OPERATOR_DASHBOARD_PORT` | 0 |
+| address of that port | `SHIGOTO_OPERATOR_DASHBOARD_HOST` | 0.0.0.0 |
 
 The probe (reachability, oldest available job, live runners; see `metrics`) runs only while
 the metrics are served.
@@ -34,6 +36,9 @@ class OperatorConfig:
     metrics_port: int = 9090
     metrics_host: str = "0.0.0.0"
     metrics_interval: float = 15.0
+    #: Opt-in (docs/dashboard.md): reached through a port-forward or a Service you add.
+    dashboard_port: int = 0
+    dashboard_host: str = "0.0.0.0"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> OperatorConfig:
@@ -73,4 +78,6 @@ class OperatorConfig:
             metrics_port=port("SHIGOTO_OPERATOR_METRICS_PORT", cls.metrics_port),
             metrics_host=env.get("SHIGOTO_OPERATOR_METRICS_HOST") or cls.metrics_host,
             metrics_interval=seconds("SHIGOTO_OPERATOR_METRICS_INTERVAL", cls.metrics_interval),
+            dashboard_port=port("SHIGOTO_OPERATOR_DASHBOARD_PORT", cls.dashboard_port),
+            dashboard_host=env.get("SHIGOTO_OPERATOR_DASHBOARD_HOST") or cls.dashboard_host,
         )

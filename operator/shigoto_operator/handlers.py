@@ -21,7 +21,7 @@ from typing import Any
 
 import kopf
 
-from shigoto_operator import crds, reconcile
+from shigoto_operator import crds, dashboard, reconcile
 from shigoto_operator.config import OperatorConfig
 from shigoto_operator.databases import Databases
 from shigoto_operator.metrics import CRON_SCHEDULE, QUEUE, MetricsServer, OperatorMetrics
@@ -47,6 +47,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.databases = Databases(memo.config)
     memo.metrics = OperatorMetrics(memo.databases.samples)
     memo.metrics_server = _serve_metrics(memo.metrics, memo.config)
+    memo.dashboard_server = dashboard.serve(memo.databases, memo.config)
 
 
 def _serve_metrics(metrics: OperatorMetrics, config: OperatorConfig) -> MetricsServer | None:
@@ -69,6 +70,8 @@ def _serve_metrics(metrics: OperatorMetrics, config: OperatorConfig) -> MetricsS
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if memo.get("metrics_server") is not None:
         memo.metrics_server.stop()
+    if memo.get("dashboard_server") is not None:
+        await asyncio.to_thread(memo.dashboard_server.stop)
     await memo.databases.close()
 
 

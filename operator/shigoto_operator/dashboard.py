@@ -1,0 +1,55 @@
+"""The dashboard of every database the operator knows, served by the operator (opt-in).
+
+`shigoto dashboard` shows one database. In a cluster the operator already holds the URL of every
+database its Queues and CronSchedules name, so with `SHIGOTO_OPERATOR_DASHBOARD_PORT` set it
+serves the same dashboard over all of them, one name per database (`host:port/dbname (schema
+s)`, never the URL: it carries the password). The list is asked again on each request, so a
+database a new Queue brings appears without a restart and one no longer used disappears.
+
+Actions need the token of `SHIGOTO_DASHBOARD_TOKEN` or the file of
+`SHIGOTO_DASHBOARD_TOKEN_FILE` (mount a Secret); without either the dashboard is read-only.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from shigoto.dashboard import Dashboard, DashboardServer, Source
+from shigoto.dashboard.auth import load_token, loopback_host
+from shigoto.errors import ConfigurationError
+from shigoto_operator.config import OperatorConfig
+from shigoto_operator.databases import Databases
+
+log = logging.getLogger("shigoto.operator.dashboard")
+
+
+def sources(databases: Databases) -> list[Source]:
+    """The known databases as dashboard sources, in a stable order (by name)."""
+    found = [Source(name=db.name, url=db.url, schema=db.schema) for db in databases.known]
+    return sorted(found, key=lambda s: s.name)
+
+
+def serve(databases: Databases, config: OperatorConfig) -> DashboardServer | None:
+    """Start the dashboard if configured; a port already taken or an unreadable token file is
+    logged with its fix, and the operator goes on reconciling without a dashboard."""
+    if not config.dashboard_port:
+        return None
+    try:
+        token = load_token(None)
+        dashboard = Dashboard(
+            lambda: sources(databases),
+            token=token,
+            loopback_only=loopback_host(config.dashboard_host),
+        )
+        server = DashboardServer(dashboard, config.dashboard_host, config.dashboard_port)
+        server.start()
+    except (OSError, ConfigurationError) as exc:
+        log.error(
+            "cannot serve the dashboard on %s:%s (%s); going on without it. Free the port or set "
+            "SHIGOTO_OPERATOR_DASHBOARD_PORT to another one (0 turns it off); a token file "
+            "must be readable",
+            config.dashboard_host, config.dashboard_port, exc,
+        )  # fmt: skip
+        return None
+    log.info("dashboard on %s (%s)", server.url, "actions on" if token else "read-only")
+    return server

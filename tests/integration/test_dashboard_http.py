@@ -46,8 +46,12 @@ def server(db_url: str, static_dir: Path) -> Iterator[DashboardServer]:
     s.stop()
 
 
-def request(server: DashboardServer, method: str, path: str,
-            headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
+Answer = tuple[int, dict[str, str], bytes]
+
+
+def request(
+    server: DashboardServer, method: str, path: str, headers: dict[str, str] | None = None
+) -> Answer:
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     try:
         conn.request(method, path, headers=headers or {})

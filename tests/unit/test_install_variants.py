@@ -99,3 +99,35 @@ def test_policy_is_not_part_of_either_install() -> None:
     for directory in (DEPLOY, DEPLOY / "namespaced"):
         kinds = {o["kind"] for o in render(directory)}
         assert "ValidatingAdmissionPolicy" not in kinds, directory
+
+
+def test_dashboard_component_serves_the_operator_dashboard_behind_a_service(
+    tmp_path: Path,
+) -> None:
+    """deploy/dashboard added to the base install as users do it (an overlay of their own):
+    the operator keeps everything it had and gains the dashboard port, the token file from an
+    optional Secret, and a Service that reaches that port on the operator's pods."""
+    (tmp_path / "shigoto").symlink_to(DEPLOY.parent)
+    (tmp_path / "kustomization.yaml").write_text(
+        "resources:\n  - shigoto/deploy\ncomponents:\n  - shigoto/deploy/dashboard\n"
+    )
+    objects = render(tmp_path)
+    [deployment] = by_kind(objects, "Deployment")
+    pod = deployment["spec"]["template"]
+    [container] = pod["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert {"POD_ID", "SHIGOTO_OPERATOR_METRICS_PORT"} <= set(env)  # the base's env is kept
+    port = int(env["SHIGOTO_OPERATOR_DASHBOARD_PORT"])
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["dashboard"] == port and ports["metrics"] == 9090
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "dashboard-token"]
+    assert env["SHIGOTO_DASHBOARD_TOKEN_FILE"].startswith(mount["mountPath"] + "/")
+    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == "dashboard-token"]
+    assert volume["secret"]["optional"] is True  # without the Secret: read-only, still starts
+
+    [service] = [s for s in by_kind(objects, "Service") if s["metadata"]["name"] ==
+                 "shigoto-dashboard"]  # fmt: skip
+    assert service["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    selector = service["spec"]["selector"]
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    assert service["spec"]["ports"][0]["targetPort"] == "dashboard"

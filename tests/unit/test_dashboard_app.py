@@ -109,3 +109,11 @@ def test_content_types_of_the_page_files() -> None:
     assert content_type(Path("a.svg")) == "image/svg+xml"
     assert content_type(Path("a.unknownext")) == "application/octet-stream"
     assert STATIC_DIR.name == "static" and STATIC_DIR.parent.name == "dashboard"
+
+
+def test_without_db_the_default_or_else_the_first_database_is_shown() -> None:
+    from shigoto.dashboard.sources import Sources
+
+    assert Sources([Source("a", URL), Source("default", URL)]).get(None).name == "default"
+    assert Sources([Source("b", URL), Source("a", URL)]).get(None).name == "b"
+    assert Sources([Source("b", URL)]).get("b").name == "b"

@@ -147,7 +147,7 @@ def _handler_for(server: DashboardServer) -> type[BaseHTTPRequestHandler]:
             else:
                 request = Request(method, self.path, dict(self.headers.items()))
                 response = server.dashboard.handle(request)
-            if response.stream is not None:
+            if response.stream is not None and method != "HEAD":
                 self._stream(response)
             else:
                 self._send(response, with_body=method != "HEAD")

@@ -68,13 +68,13 @@ class Sources:
         return [s.name for s in self.current()]
 
     def get(self, name: str | None) -> Source:
-        """The source `name` (None: "default", or the only one)."""
+        """The source `name` (None: the one named "default", else the first listed)."""
         found = self.current()
         self._forget_gone(found)
-        if name is None:
-            if len(found) == 1:
-                return found[0]
-            name = DEFAULT_NAME
+        if name is None:  # the one named "default", else the first
+            chosen = [s for s in found if s.name == DEFAULT_NAME] or found[:1]
+            if chosen:
+                return chosen[0]
         for source in found:
             if source.name == name:
                 return source

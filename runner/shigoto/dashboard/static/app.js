@@ -3,7 +3,8 @@
 //
 // A view module exports `mount(root, route, ctx)` and returns `{refresh}`; it builds its
 // element under `root` and re-fetches its data when `refresh` is called. The shell makes sure
-// two refreshes of the same view never overlap, and that a view that was left stops drawing.
+// two refreshes of the same view never overlap; a late answer for a view already left draws
+// into that view's own element, which is no longer in the page.
 
 import * as api from "./api.js";
 import { h, replace } from "./dom.js";

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Locator, Page, expect
 
 from tests.browser.dashboard_process import DashboardProcess
 
@@ -51,6 +51,11 @@ def job_ids(page: Page) -> list[int]:
         "rows => rows.map(row => row.dataset.jobId)"
     )
     return [int(v) for v in values]
+
+
+def ids_in(rows: Locator) -> list[int]:
+    """The job ids of the rows a locator finds."""
+    return [int(v) for v in rows.evaluate_all("rows => rows.map(row => row.dataset.jobId)")]
 
 
 def row_state(page: Page, job_id: int) -> str:

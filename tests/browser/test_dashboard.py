@@ -349,6 +349,16 @@ def test_every_page_shows_the_demo(
     expect(traceback).to_have_text(webhook[2][-1]["traceback"])
     shots.take("job")
 
+    # The workflow's last step lists the two steps it ran after, and the first step its children.
+    ship = conn.execute(
+        "SELECT id, depends_on FROM shigoto_jobs WHERE worker LIKE '%.ship_order'"
+    ).fetchone()
+    assert ship is not None
+    pages.open_page(page, dashboard, f"jobs/{ship[0]}")
+    parents = page.locator('[data-view="job"] [data-field="parents"] tr[data-job-id]')
+    expect(parents).to_have_count(len(ship[1]))
+    assert sorted(pages.ids_in(parents)) == sorted(ship[1])
+
     pages.open_page(page, dashboard, "queues")
     for queue, completed in conn.execute(
         "SELECT queue, count(*) FROM shigoto_jobs WHERE state = 'completed' GROUP BY queue"

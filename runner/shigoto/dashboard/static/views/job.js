@@ -126,9 +126,9 @@ function actions(job, ctx, pending, onDeleted) {
   return h("div", { class: "actions" }, buttons);
 }
 
-function relatives(title, list) {
+function relatives(title, fieldName, list) {
   if (!list || !list.length) return null;
-  return h("section", { class: "card" }, h("h2", null, title), jobTable(list));
+  return h("section", { class: "card", "data-field": fieldName }, h("h2", null, title), jobTable(list));
 }
 
 export function mount(root, route, ctx) {
@@ -167,8 +167,8 @@ export function mount(root, route, ctx) {
         h("div", { class: "stack" }, argsBlock(job), resultBlock(job),
           block("Meta", "meta", pre(job.meta || {})))),
       failing ? null : errorsBlock(job),
-      relatives("Parents", answer.parents),
-      relatives("Children", answer.children));
+      relatives("Parents (runs after these)", "parents", answer.parents),
+      relatives("Children (run after this one)", "children", answer.children));
   }
 
   return { refresh };

@@ -116,16 +116,19 @@ def _median_ms(fn: Callable[[], Any], repeat: int) -> tuple[float, list[float]]:
     return statistics.median(times), [round(t, 2) for t in times]
 
 
-def _operator_count(url: str, schema: str) -> Callable[[], Any]:
+def _operator_count(url: str, schema: str) -> Callable[[], float]:
+    """One `dbcounts.fetch` of the three queues per call, on one kept connection (the
+    operator's pool keeps its connections too); returns its seconds."""
     from shigoto_operator import dbcounts
 
-    async def once() -> Any:
-        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-            started = time.perf_counter()
-            readings = await dbcounts.fetch(conn, schema, QUEUES)
-            return readings, time.perf_counter() - started
-
     loop = asyncio.new_event_loop()
+    conn = loop.run_until_complete(psycopg.AsyncConnection.connect(url, autocommit=True))
+
+    async def once() -> float:
+        started = time.perf_counter()
+        await dbcounts.fetch(conn, schema, QUEUES)
+        return time.perf_counter() - started
+
     return lambda: loop.run_until_complete(once())
 
 
@@ -178,8 +181,13 @@ def _statements(schema: str) -> list[tuple[str, Any, Any]]:
         out.append(("statements._OLDEST_AVAILABLE", stmts.oldest_available, None))
     out.append(("OPERATOR_COUNTS", ops_statements.compose(ops_statements.OPERATOR_COUNTS, schema),
                 {"queues": list(QUEUES), "limit": limit}))  # fmt: skip
-    out.append(("workflows.WORKFLOW_PROGRESS",
-                statements.compose(workflows.WORKFLOW_PROGRESS, schema), {"limit": 20}))
+    if hasattr(ops_statements, "STATUS_WORKFLOWS"):
+        out.append(("STATUS_WORKFLOWS",
+                    ops_statements.compose(ops_statements.STATUS_WORKFLOWS, schema),
+                    {"limit": 20}))  # fmt: skip
+    else:
+        out.append(("workflows.WORKFLOW_PROGRESS",
+                    statements.compose(workflows.WORKFLOW_PROGRESS, schema), {"limit": 20}))
     try:
         from datetime import UTC, datetime, timedelta
 
@@ -211,7 +219,7 @@ def measure(url: str, schema: str, repeat: int, explain: bool) -> dict[str, Any]
         op_times = []
         op()
         for _ in range(repeat):
-            op_times.append(op()[1] * 1000)
+            op_times.append(op() * 1000)
         report["operator_count_ms"] = {"median": round(statistics.median(op_times), 2),
                                        "runs": [round(t, 2) for t in op_times]}  # fmt: skip
         for name, statement, params in _statements(schema):
@@ -236,14 +244,19 @@ def _sibling(url: str, name: str) -> str:
 
 def processing(url: str, schema: str, jobs: int, concurrency: int, repeat: int) -> dict[str, Any]:
     """jobs/s of the bench's processing phase on an empty table and on the populated one,
-    alternating, `repeat` times each. Only the populated table's pending jobs are touched:
-    the phase adds its own jobs on queue `bench` and deletes exactly those afterwards."""
+    alternating, `repeat` times each. The empty table is truncated before each run; on the
+    populated one the phase's jobs stay, finished, as a real table keeps them (deleting them
+    would leave dead rows a table that size is not vacuumed for). The populated table is
+    vacuumed once first, as autovacuum would have done since it was filled."""
     from shigoto.cli import bench
     from shigoto.db import database
     from shigoto.db.migrate import migrate
 
     with psycopg.connect(url, autocommit=True) as conn:
         dbname = conn.info.dbname
+        started = time.perf_counter()
+        conn.execute(sql.SQL("VACUUM {}").format(_jobs(schema)))
+        print(f"vacuum: {time.perf_counter() - started:.1f}s", flush=True)
     empty = f"{dbname}_empty"
     empty_url = _sibling(url, empty)
     with psycopg.connect(_sibling(url, "postgres"), autocommit=True) as admin:
@@ -255,10 +268,12 @@ def processing(url: str, schema: str, jobs: int, concurrency: int, repeat: int) 
         results: dict[str, list[float]] = {"empty": [], "finished": []}
         for _ in range(repeat):
             for label, target in (("empty", empty_url), ("finished", url)):
-                _clear_bench_jobs(target, schema)
-                result = bench.measure_processing(target, cfg, bench.Progress(enabled=False))
+                if label == "empty":
+                    with psycopg.connect(target, autocommit=True) as conn:
+                        conn.execute(sql.SQL("TRUNCATE {}").format(_jobs(schema)))
+                bench._preload(target, cfg, jobs)
+                result = asyncio.run(bench._process(target, cfg, lambda *_, **__: None))
                 results[label].append(result["jobs_per_s"])
-                _clear_bench_jobs(target, schema)
                 database.close_pools()
                 print(f"{label}: {result['jobs_per_s']} jobs/s", flush=True)
         empty_rate = statistics.median(results["empty"])
@@ -272,18 +287,79 @@ def processing(url: str, schema: str, jobs: int, concurrency: int, repeat: int) 
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(empty)))
 
 
-def _clear_bench_jobs(url: str, schema: str) -> None:
-    from shigoto.cli import bench
+# -- write cost of migration 0021's indexes --------------------------------------------------
+
+_WORKFLOW_INDEXES = ("shigoto_jobs_workflow_live_idx", "shigoto_jobs_workflow_idx")
+
+
+def _timed(conn: psycopg.Connection[Any], statement: str, params: Any = None) -> float:
+    started = time.perf_counter()
+    conn.execute(statement, params)
+    return time.perf_counter() - started
+
+
+def _lifecycle(conn: psycopg.Connection[Any], rows: int, workflow: bool) -> dict[str, float]:
+    """Insert `rows` jobs, then move them available -> executing -> completed, one statement
+    each (a job's three row versions, as the runner writes them); seconds per step."""
+    conn.execute("TRUNCATE shigoto_jobs")
+    meta = ('jsonb_build_object(\'workflow\', jsonb_build_object(\'id\', (g / 10)::text,'
+            ' \'name\', \'wf\', \'step\', g::text))' if workflow else "'{}'::jsonb")
+    out = {"insert": _timed(conn, "INSERT INTO shigoto_jobs (queue, worker, meta) SELECT 'q',"
+                                  f" 'w', {meta} FROM generate_series(1, %s) AS g", (rows,))}
+    out["claim"] = _timed(conn, "UPDATE shigoto_jobs SET state = 'executing', attempt = 1,"
+                                " attempted_at = now(), attempted_by = 'n'")
+    out["complete"] = _timed(conn, "UPDATE shigoto_jobs SET state = 'completed',"
+                                   " completed_at = now(), finished_at = now()")
+    return out
+
+
+def index_cost(url: str, rows: int, repeat: int) -> dict[str, Any]:
+    """Seconds of each step with and without migration 0021's two indexes, for plain jobs
+    (which only test the indexes' predicate) and workflow steps (which get entries), on a
+    scratch database `<name>_idx` next to `url`'s (created, migrated and dropped here)."""
+    from shigoto.db.migrate import migrate
 
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DELETE FROM {} WHERE queue = %s").format(_jobs(schema)),
-                     (bench.QUEUE,))  # fmt: skip
+        scratch = f"{conn.info.dbname}_idx"
+    scratch_url = _sibling(url, scratch)
+    with psycopg.connect(_sibling(url, "postgres"), autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(scratch)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(scratch)))
+    try:
+        migrate(scratch_url)
+        migration = next(p for p in _migrations() if p.name.startswith("0021_"))
+        runs: dict[str, list[dict[str, float]]] = {}
+        with psycopg.connect(scratch_url, autocommit=True) as conn:
+            for _ in range(repeat):
+                for indexes in (True, False):
+                    if indexes:
+                        conn.execute(migration.read_text())
+                    else:
+                        for name in _WORKFLOW_INDEXES:
+                            conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(
+                                sql.Identifier(name)))
+                    for workflow in (False, True):
+                        key = f"{'workflow' if workflow else 'plain'} jobs, " + (
+                            "with 0021" if indexes else "without 0021")
+                        runs.setdefault(key, []).append(_lifecycle(conn, rows, workflow))
+        return {"rows": rows, "loadavg": os.getloadavg(), "median_seconds": {
+            key: {step: round(statistics.median(r[step] for r in values), 3)
+                  for step in values[0]} for key, values in runs.items()}}  # fmt: skip
+    finally:
+        with psycopg.connect(_sibling(url, "postgres"), autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(scratch)))
+
+
+def _migrations() -> list[Any]:
+    from pathlib import Path
+
+    return sorted((Path(__file__).resolve().parents[1] / "migrations").glob("*.sql"))
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("populate", "measure", "processing"):
+    for name in ("populate", "measure", "processing", "indexcost"):
         p = sub.add_parser(name)
         p.add_argument("--database-url", default=os.environ.get("SHIGOTO_DATABASE_URL"),
                        required="SHIGOTO_DATABASE_URL" not in os.environ)  # fmt: skip
@@ -295,6 +371,9 @@ def main(argv: list[str] | None = None) -> None:
         elif name == "measure":
             p.add_argument("--repeat", type=int, default=10)
             p.add_argument("--explain", action="store_true")
+        elif name == "indexcost":
+            p.add_argument("--rows", type=int, default=200_000)
+            p.add_argument("--repeat", type=int, default=3)
         else:
             p.add_argument("--jobs", type=int, default=20_000)
             p.add_argument("--concurrency", type=int, default=50)
@@ -305,6 +384,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "measure":
         print(json.dumps(measure(args.database_url, args.schema, args.repeat, args.explain),
                          indent=2, default=str))  # fmt: skip
+    elif args.command == "indexcost":
+        print(json.dumps(index_cost(args.database_url, args.rows, args.repeat), indent=2))
     else:
         print(json.dumps(processing(args.database_url, args.schema, args.jobs, args.concurrency,
                                     args.repeat), indent=2))  # fmt: skip

@@ -50,6 +50,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -126,9 +127,12 @@ def shigoto_part(figure: str, url: str, args: argparse.Namespace) -> dict[str, A
     progress = bench.Progress(enabled=False)
     try:
         if figure == "bulk":
-            return bench.measure_bulk(url, cfg, progress)
+            result = bench.measure_bulk(url, cfg, progress)
+            as_jobs = bench.measure_bulk(url, replace(cfg, bulk_returning="jobs"), progress)
+            return {**result, "jobs_returned_per_s": as_jobs["jobs_per_s"]}
         if figure == "single":
-            return bench.measure_single(url, cfg, progress)
+            result = bench.measure_single(url, cfg, progress)
+            return {**result, "one_connection_per_s": _shigoto_single_on_conn(url, args)}
         if figure == "process":
             bench._reset(url, cfg.schema)
             return bench.measure_processing(url, cfg, progress)
@@ -138,6 +142,22 @@ def shigoto_part(figure: str, url: str, args: argparse.Namespace) -> dict[str, A
         from shigoto.db import database
 
         database.close_pools()
+
+
+def _shigoto_single_on_conn(url: str, args: argparse.Namespace) -> float:
+    """Single enqueues on one connection of the caller's (`conn=`), as PgQueuer's run."""
+    import psycopg
+
+    from shigoto import enqueue
+    from shigoto.cli import bench
+
+    bench._reset(url, "public")
+    with psycopg.connect(url, autocommit=True) as conn:
+        enqueue("peers.noop", {"n": -1}, queue=QUEUE, conn=conn)
+        started = time.perf_counter()
+        for n in range(args.single):
+            enqueue("peers.noop", {"n": n}, queue=QUEUE, conn=conn)
+        return args.single / (time.perf_counter() - started)
 
 
 async def _shigoto_pickup(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -447,13 +467,21 @@ def _run_part(system: str, action: str, url: str, args: argparse.Namespace,
 def _figures(concurrencies: list[int]) -> list[tuple[str, str, int]]:
     """(label, figure, concurrency) in the order the table shows them."""
     return ([("bulk enqueue, jobs/s", "bulk", 10),
-             ("single enqueue (1 tx each), jobs/s", "single", 10)]
+             ("bulk enqueue, Shigoto returning Job objects, jobs/s", "bulk", 10),
+             ("single enqueue (1 tx each), jobs/s", "single", 10),
+             ("single enqueue, one connection (Shigoto conn=), jobs/s", "single", 10)]
             + [(f"processing, concurrency {c}, jobs/s", "process", c) for c in concurrencies]
             + [("pickup latency p50, ms", "pickup", 10),
                ("pickup latency p99, ms", "pickup", 10)])  # fmt: skip
 
 
 def _value(label: str, result: dict[str, Any]) -> float | None:
+    """A figure's value in one part's result. The rows only Shigoto has a variant for give
+    the peers' one way (PgQueuer's single enqueue already runs on one connection)."""
+    if label.startswith("bulk enqueue, Shigoto returning"):
+        return result.get("jobs_returned_per_s", result.get("jobs_per_s"))
+    if label.startswith("single enqueue, one connection"):
+        return result.get("one_connection_per_s", result.get("jobs_per_s"))
     if label.startswith("pickup latency p50"):
         return result.get("ms_p50")
     if label.startswith("pickup latency p99"):
@@ -480,7 +508,9 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
         urls[system] = _fresh_database(args.server, f"bench_{system}")
         _run_part(system, "setup", urls[system], args)
     concurrencies = [int(c) for c in args.concurrency_list.split(",")]
-    phases = list(dict.fromkeys((figure, c) for _, figure, c in _figures(concurrencies)))
+    wanted = set(args.figures.split(","))
+    phases = [p for p in dict.fromkeys((figure, c) for _, figure, c in _figures(concurrencies))
+              if p[0] in wanted]  # fmt: skip
     raw: dict[str, list[dict[str, Any]]] = {}
     loads = [os.getloadavg()[0]]
     for run in range(args.runs):
@@ -493,6 +523,8 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
         loads.append(os.getloadavg()[0])
     table = []
     for label, figure, c in _figures(concurrencies):
+        if figure not in wanted:
+            continue
         row: dict[str, Any] = {"figure": label}
         for system in systems:
             values = [_value(label, r) for r in raw[f"{system}/{figure}/{c}"]]
@@ -546,6 +578,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=20_000)
     p.add_argument("--concurrency-list", default="10,50")
     p.add_argument("--latency", type=int, default=200)
+    p.add_argument(
+        "--figures",
+        default="bulk,single,process,pickup",
+        help="which figures to measure, e.g. bulk,single",
+    )
     p.add_argument("--json", help="also write the full report (every run) to this file")
     return p
 

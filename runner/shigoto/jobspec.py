@@ -96,7 +96,25 @@ def _plain(value: dict[str, Any]) -> bool:
     with str keys, lists, tuples, str, int, bool, None and finite floats, no deeper than
     `MAX_DEPTH`. For such a value orjson writes what `_ENCODER` writes (both compact,
     neither escaping non-ASCII); anything else (subclasses, NaN, a UUID, a datetime) takes
-    `_json_object`, the one place that explains a refusal."""
+    `_json_object`, the one place that explains a refusal.
+
+    A flat dict of scalars, the usual args, is settled in one loop; `_plain_nested` walks
+    the rest."""
+    for key, child in value.items():
+        kind = type(child)
+        if type(key) is not str:
+            return False
+        if kind is str or kind is int or kind is bool or child is None:
+            continue
+        if kind is float:
+            if not math.isfinite(child):
+                return False
+        else:
+            return _plain_nested(value)
+    return True
+
+
+def _plain_nested(value: dict[str, Any]) -> bool:
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -441,7 +459,10 @@ class _Templates:
     def build(self, entry: Mapping[str, Any]) -> JobSpec:
         worker = entry["worker"]
         args = entry.get("args")
-        options = tuple((k, v) for k, v in entry.items() if k != "worker" and k != "args")
+        rest = dict(entry)  # cheaper than filtering the items one by one
+        del rest["worker"]
+        rest.pop("args", None)
+        options = tuple(rest.items())
         key = (worker if type(worker) is str else id(worker), options)
         try:
             template = self._templates.get(key)
@@ -458,13 +479,14 @@ class _Templates:
             if template is None:
                 self._templates[key] = self._template(resolved, spec)
             return spec
-        resolved, rest, copy_tags = template
+        resolved, fields, copy_tags = template
         args_json = _fast_json_object("args", args)
-        self._check_fit(resolved, args)
+        if resolved.fn is not None:
+            self._check_fit(resolved, args)
         if copy_tags:  # every job gets its own list, as from `build`
-            return JobSpec(resolved.name, args_json, *rest[:_TAGS], list(rest[_TAGS]),
-                           *rest[_TAGS + 1:])  # fmt: skip
-        return JobSpec(resolved.name, args_json, *rest)
+            return JobSpec(resolved.name, args_json, *fields[:_TAGS], list(fields[_TAGS]),
+                           *fields[_TAGS + 1:])  # fmt: skip
+        return JobSpec(resolved.name, args_json, *fields)
 
     def _resolve(self, worker: Any) -> _Resolved:
         key = worker if type(worker) is str else id(worker)

@@ -116,6 +116,8 @@ def test_cancel_a_scheduled_job(
     assert pages.row_state(page, keep.id) == "scheduled"
 
 
+# A bound on a hang, not a measure: twenty pages of 500 rows on a busy two-core machine.
+@pytest.mark.timeout(300)
 def test_page_through_ten_thousand_jobs(
     page: Page, dashboards: Dashboards, conn: psycopg.Connection[Any], queue_name: str
 ) -> None:
@@ -292,6 +294,8 @@ def test_overview_draws_the_last_hour(
     )
 
 
+# A bound on a hang, not a measure: the demo runs first, then every page.
+@pytest.mark.timeout(300)
 def test_every_page_shows_the_demo(
     page: Page, dashboards: Dashboards, runner_processes: Runners, db_url: str,
     conn: psycopg.Connection[Any], tmp_path: Any,

@@ -248,3 +248,14 @@ async def test_encrypted_jobs_never_show_plaintext(
     finally:
         d.close()
     assert json.dumps(bodies[1].json())  # the failures page is valid JSON
+
+
+def test_counts_are_shared_briefly_but_never_hide_an_action(
+    dashboard: Dashboard, conn: psycopg.Connection[Any]
+) -> None:
+    job = shigoto.enqueue("app.w", {"n": 1}, queue="emails", schedule_in=3600)
+    assert get(dashboard, "/api/overview").json()["counts"]["scheduled"] == 1
+    answer = dashboard.handle(Request("POST", f"/api/jobs/{job.id}/cancel", SIGNED_IN))
+    assert answer.status == 200
+    counts = get(dashboard, "/api/overview").json()["counts"]
+    assert counts["scheduled"] == 0 and counts["cancelled"] == 1

@@ -13,6 +13,8 @@ import contextlib
 import json
 import logging
 import re
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -45,6 +47,9 @@ _JOB_ACTION = re.compile(r"^/api/jobs/([^/]+)/([^/]+)$")
 _QUEUE_ACTION = re.compile(r"^/api/queues/([^/]+)/([^/]+)$")
 #: The job API's argument names as the query string spells them.
 _FIELDS = {"args_contains": "args", "job_id": "id"}
+#: Seconds the counts of a database are shared between requests (the overview and queues
+#: pages of every viewer), unless a change was seen meanwhile.
+COUNTS_TTL = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +134,8 @@ class Dashboard:
         self.loopback_only = loopback_only
         self.changes = Changes(poll_interval, keepalive)
         self.version = _version()
+        self._counts_lock = threading.Lock()
+        self._counts_cache: dict[tuple[str, str], tuple[float, int | None, readings.Counts]] = {}
         self._get_routes: dict[str, Callable[[Request, dict[str, str]], Response]] = {
             "/api/session": self._session, "/api/overview": self._overview,
             "/api/queues": self._queues, "/api/jobs": self._jobs, "/api/cron": self._cron,
@@ -215,6 +222,24 @@ class Dashboard:
     def _conn(self, source: Source) -> AbstractContextManager[psycopg.Connection[Any]]:
         return self.sources.pool(source).connection()
 
+    def _counts(self, conn: psycopg.Connection[Any], source: Source) -> readings.Counts:
+        """The counts of `source`, shared by the requests of COUNTS_TTL seconds: each open page
+        re-fetches on every change event, and without this each viewer would count the backlog
+        again. An entry is stale as soon as the change poller has seen a change since it was
+        made, so a page refreshed on a change event never gets counts from before it."""
+        key = (source.url, source.schema)
+        version = self.changes.version(key)
+        with self._counts_lock:
+            cached = self._counts_cache.get(key)
+        if cached is not None:
+            made, seen, counts = cached
+            if seen == version and time.monotonic() - made < COUNTS_TTL:
+                return counts
+        found = readings.counts(conn, source.schema)
+        with self._counts_lock:
+            self._counts_cache[key] = (time.monotonic(), version, found)
+        return found
+
     def _static(self, relative: str) -> Response:
         found = assets.find(self.static_dir, relative)
         if found is None:
@@ -236,7 +261,7 @@ class Dashboard:
     def _overview(self, request: Request, query: dict[str, str]) -> Response:
         source = self._source(query)
         with self._conn(source) as conn:
-            counts = readings.counts(conn, source.schema)
+            counts = self._counts(conn, source)
             body = {
                 "now": readings.now(conn), "counts": counts.totals(), "exact": counts.exact,
                 "series": readings.series(conn, source.schema),
@@ -247,7 +272,7 @@ class Dashboard:
     def _queues(self, request: Request, query: dict[str, str]) -> Response:
         source = self._source(query)
         with self._conn(source) as conn:
-            counts = readings.counts(conn, source.schema)
+            counts = self._counts(conn, source)
             settings = readings.queue_settings(conn, source.schema)
             runners = readings.runners_by_queue(readings.nodes(conn, source.schema))
         names = sorted(counts.by_queue.keys() | settings.keys() | runners.keys())
@@ -326,6 +351,8 @@ class Dashboard:
         target, verb = unquote(match.group(1)), match.group(2)
         source = self._source(query)
         policy = self.auth.show_args
+        with self._counts_lock:  # the page re-fetches next: let it see its own action
+            self._counts_cache.pop((source.url, source.schema), None)
         try:
             if path.startswith("/api/jobs/"):
                 if verb not in actions.JOB_ACTIONS:

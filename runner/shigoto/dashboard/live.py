@@ -128,6 +128,13 @@ class Changes:
         finally:
             self._leave(key, poller)
 
+    def version(self, key: Hashable) -> int | None:
+        """How many changes the poller of `key` has seen (None: no stream is open): a value
+        cached under one version is stale under the next."""
+        with self._lock:
+            poller = self._pollers.get(key)
+            return None if poller is None else poller.version
+
     def close(self) -> None:
         """Stop every poller; every open stream ends."""
         with self._lock:

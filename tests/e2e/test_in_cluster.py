@@ -16,6 +16,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import psycopg
 import pytest
@@ -33,6 +34,7 @@ OVERLAY = """\
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources: [{base}]
+components: [{base}/dashboard]
 images: [{{name: shigoto-operator, newTag: {tag}}}]
 patches:
   - target: {{kind: Deployment, name: shigoto-operator}}
@@ -89,7 +91,8 @@ def images(installed: Kube) -> None:
 def operator_in_cluster(
     installed: Kube, images: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Kube]:
-    """deploy/ with the image just built, as a user's overlay would pin it."""
+    """deploy/ with the image just built, as a user's overlay would pin it, and the operator's
+    dashboard turned on with deploy/dashboard (read-only: no token Secret)."""
     overlay = tmp_path_factory.mktemp("overlay")
     base = os.path.relpath(ROOT / "deploy", overlay)
     (overlay / "kustomization.yaml").write_text(OVERLAY.format(base=base, tag=TAG))
@@ -180,6 +183,8 @@ def test_runner_pods_drain_a_queue_and_scale_back_to_zero(
             database_url=fresh_db,
         )
         eventually(lambda: replicas() == MAX, timeout=120, message=f"scaled up to {MAX}")
+        eventually(lambda: _operator_reports(kube, ns, MAX), timeout=120,
+                   message="operator metrics and dashboard show the replicas")  # fmt: skip
         eventually(ready, timeout=300, message="a runner pod ready")
         eventually(lambda: completed() == JOBS, timeout=600, message="every job completed")
         eventually(lambda: replicas() == 0, timeout=180, message="scaled back to zero")
@@ -188,6 +193,33 @@ def test_runner_pods_drain_a_queue_and_scale_back_to_zero(
         assert [p["status"]["phase"] for p in running if p["status"]["phase"] == "Running"] == []
     except AssertionError as error:
         raise AssertionError(f"{error}\n{_diagnostics(kube, ns)}") from None
+
+
+def _operator_reports(kube: Kube, ns: str, replicas: int) -> bool:
+    """The operator pod's /metrics (through the API server's pod proxy, as a scraper inside the
+    cluster would reach it) and its dashboard (through the Service deploy/dashboard adds) both
+    show the queue's replicas."""
+    label = "app.kubernetes.io/name=shigoto-operator"
+    pods = json.loads(kube("get", "pods", "-n", OPERATOR_NS, "-l", label, "-o", "json"))["items"]
+    running = [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"]
+    if not running:
+        return False
+    metrics = kube.run("get", "--raw", f"/api/v1/namespaces/{OPERATOR_NS}/pods/{running[0]}:9090"
+                       "/proxy/metrics", check=False).stdout  # fmt: skip
+    wanted = f'shigoto_operator_queue_replicas{{namespace="{ns}",queue="work"}} {replicas}.0'
+    if wanted not in metrics or "shigoto_operator_database_up{" not in metrics:
+        return False
+    proxy = f"/api/v1/namespaces/{OPERATOR_NS}/services/shigoto-dashboard:80/proxy"
+    session = kube.run("get", "--raw", f"{proxy}/api/session", check=False).stdout
+    if not session.strip():
+        return False
+    for name in json.loads(session)["databases"]:
+        answer = kube.run("get", "--raw", f"{proxy}/api/queues?db={quote(name)}",
+                          check=False).stdout  # fmt: skip
+        queues = json.loads(answer or "{}").get("queues", [])
+        if any(q["name"] == "work" and q["operator_replicas"] == replicas for q in queues):
+            return True
+    return False
 
 
 def _tables(url: str) -> bool:

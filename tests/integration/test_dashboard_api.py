@@ -259,3 +259,24 @@ def test_counts_are_shared_briefly_but_never_hide_an_action(
     assert answer.status == 200
     counts = get(dashboard, "/api/overview").json()["counts"]
     assert counts["scheduled"] == 0 and counts["cancelled"] == 1
+
+
+def test_finished_counts_of_a_big_table_are_estimates_and_say_so(
+    dashboard: Dashboard, conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shigoto.dashboard import readings
+
+    jobs = shigoto.enqueue_many([{"worker": "app.w", "args": {"n": n}, "queue": q}
+                                 for n in range(300) for q in ("a", "b")])  # fmt: skip
+    conn.execute("UPDATE shigoto_jobs SET state = 'completed', attempt = 1, finished_at = now() "
+                 "WHERE id = ANY(%s)", ([j.id for j in jobs[:400]],))  # fmt: skip
+    conn.execute("ANALYZE shigoto_jobs")
+    monkeypatch.setattr(readings, "EXACT_FINISHED_LIMIT", 100)  # the table counts as big
+    overview = get(dashboard, "/api/overview").json()
+    assert overview["exact"] == {**dict.fromkeys(STATES, True), "completed": False,
+                                 "discarded": False, "cancelled": False}  # fmt: skip
+    assert overview["counts"]["available"] == 200  # live states stay exact
+    assert 200 <= overview["counts"]["completed"] <= 800  # the planner's estimate of 400
+    queues = {q["name"]: q for q in get(dashboard, "/api/queues").json()["queues"]}
+    assert set(queues) == {"a", "b"} and queues["a"]["exact"]["completed"] is False
+    assert all(isinstance(q["counts"]["discarded"], int) for q in queues.values())

@@ -116,8 +116,11 @@ def _handler_for(server: DashboardServer) -> type[BaseHTTPRequestHandler]:
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "shigoto-dashboard"
-        sys_version = ""
         timeout = server.request_timeout
+
+        def version_string(self) -> str:
+            """No Python version in the Server header: nothing for a scanner to match."""
+            return self.server_version
 
         def do_GET(self) -> None:
             self._serve("GET")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import shigoto
-from shigoto.dashboard import Dashboard, DashboardServer, Source
+from shigoto.dashboard import Dashboard, DashboardServer, Request, Source
 from shigoto.dashboard.auth import SECURITY_HEADERS
 
 TOKEN = "a-dashboard-token-for-tests"
@@ -191,3 +191,34 @@ def test_shigoto_dashboard_exits_cleanly_on_ctrl_c(db_url: str) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_streams_of_one_database_share_one_poller(server: DashboardServer) -> None:
+    socks = []
+    try:
+        for _ in range(3):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+            sock.sendall(b"GET /api/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            _read_until(sock, b": connected", bytearray())
+            socks.append(sock)
+        [poller] = server.dashboard.changes._pollers.values()
+        assert poller.subscribers == 3
+        shigoto.enqueue("app.w", {"n": 1})
+        for sock in socks:  # one poll, every stream told
+            _read_until(sock, b"event: change", bytearray())
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_a_database_that_leaves_the_list_has_its_pool_closed(db_url: str) -> None:
+    known = [Source("shop", db_url)]
+    d = Dashboard(lambda: list(known))
+    try:
+        assert d.handle(Request("GET", "/api/overview?db=shop")).status == 200
+        [pool] = d.sources._pools.values()
+        known.clear()
+        assert d.handle(Request("GET", "/api/overview?db=shop")).status == 404
+        assert d.sources._pools == {} and pool.closed
+    finally:
+        d.close()

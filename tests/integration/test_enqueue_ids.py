@@ -98,3 +98,19 @@ def test_the_testing_modes_return_ids_too(db_url: str) -> None:
 async def test_the_async_twin_returns_ids(conn: psycopg.Connection[Any], db_url: str) -> None:
     ids = await shigoto.aenqueue_many(_entries(3), database_url=db_url, returning="ids")
     assert [row(conn, i)["args"]["n"] for i in ids] == [0, 1, 2]
+
+
+def test_without_psycopgs_compiled_dumper_the_rows_are_the_same(
+    conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """psycopg on its pure-Python implementation has no compiled str dumper to borrow: the
+    Python one sends the same jsonb."""
+    from shigoto.db import inserts
+
+    args = {"n": 1, "s": "héllo", "l": [1, {"k": None}]}
+    compiled = shigoto.enqueue_many([{"worker": "app.ids", "args": args, "meta": {"m": "x"}}] * 2)
+    monkeypatch.setattr(inserts, "_JsonTextDumper", inserts._PyJsonbTextDumper)
+    python = shigoto.enqueue_many([{"worker": "app.ids", "args": args, "meta": {"m": "x"}}] * 2)
+    for a, b in zip(compiled, python, strict=True):
+        assert (row(conn, a.id)["args"], row(conn, a.id)["meta"]) == (args, {"m": "x"})
+        assert (row(conn, b.id)["args"], row(conn, b.id)["meta"]) == (args, {"m": "x"})

@@ -104,6 +104,57 @@ def test_pages_of_1000_return_2500_jobs_once_each_newest_first_while_jobs_arrive
     assert not any(j.archived for j in pages[0].jobs)
 
 
+def test_a_bounded_search_walks_every_match_once_over_short_and_empty_pages(
+    conn: psycopg.Connection,
+) -> None:
+    """scan_limit=40: each page searches at most 40 ids below its cursor, so pages come out
+    short, empty or full, yet the walk returns every match once, newest first, from both
+    tables, while jobs arrive and move to the archive."""
+    hits = {n for n in range(900) if n % 97 in (0, 13)} | set(range(400, 412))  # a burst
+    specs = [{"worker": "app.w", "args": {"n": n, "hit": n in hits}} for n in range(900)]
+    ids = [j.id for j in shigoto.enqueue_many(specs)]
+    _archive(conn, ids[:200])
+    truth = sorted((ids[n] for n in hits), reverse=True)
+    assert _ids(shigoto.list_jobs(args_contains={"hit": True}, limit=1000)) == truth
+
+    seen: list[int] = []
+    pages: list[job_api.JobPage] = []
+    ceiling, after = max(ids) + 1, None
+    while True:
+        page = shigoto.list_jobs(args_contains={"hit": True}, limit=3, scan_limit=40,
+                                 after=after)  # fmt: skip
+        pages.append(page)
+        assert page.scanned_to_id is not None and ceiling - page.scanned_to_id <= 40
+        assert all(page.scanned_to_id <= i < ceiling for i in _ids(page)), "inside its search"
+        seen += _ids(page)
+        if page.next is None:
+            break
+        ceiling, after = page.scanned_to_id, page.next
+        # Between pages: a new match arrives (above every cursor: not part of this walk) and
+        # jobs still below the cursor move to the archive (they keep their ids and places).
+        shigoto.enqueue("app.w", {"hit": True})
+        _archive(conn, [i for i in ids if i < ceiling][-30:])
+
+    assert seen == truth
+    assert len(pages) >= (max(ids) - min(ids)) // 40, "no page searched more than its budget"
+    assert any(p.partial and len(p) == 0 for p in pages), "an empty page that goes on"
+    assert any(p.partial and 0 < len(p) < 3 for p in pages), "a short page that goes on"
+    assert any(not p.partial and len(p) == 3 and p.next for p in pages), "a full page"
+    assert pages[-1].next is None and not pages[-1].partial
+    assert pages[-1].scanned_to_id == min(ids)
+    assert any(j.archived for p in pages for j in p.jobs)
+
+
+def test_a_bounded_search_of_an_empty_table_or_below_the_oldest_job_ends() -> None:
+    page = shigoto.list_jobs(args_contains={"a": 1}, scan_limit=10)
+    assert (_ids(page), page.next, page.partial) == ([], None, False)
+    job = shigoto.enqueue("app.w", {"a": 1})
+    page = shigoto.list_jobs(args_contains={"a": 1}, scan_limit=1)
+    assert (_ids(page), page.next, page.scanned_to_id) == ([job.id], None, job.id)
+    unbounded = shigoto.list_jobs(args_contains={"a": 1})
+    assert (unbounded.scanned_to_id, unbounded.partial) == (None, False)
+
+
 def test_a_page_without_more_has_no_cursor_and_an_empty_table_lists_nothing() -> None:
     assert _ids(shigoto.list_jobs()) == [] and shigoto.list_jobs().next is None
     ids = [shigoto.enqueue("app.w").id for _ in range(3)]
@@ -130,6 +181,10 @@ def test_a_bad_cursor_or_bad_filter_names_the_argument() -> None:
         ({"inserted_after": datetime(2026, 1, 1)}, "inserted_after"),
         ({"queue": ""}, "queue"),
         ({"archived": "yes"}, "archived"),
+        ({"scan_limit": 0}, "scan_limit"),
+        ({"scan_limit": 10_000_001}, "scan_limit"),
+        ({"scan_limit": "100"}, "scan_limit"),
+        ({"scan_limit": True}, "scan_limit"),
     ]
     for kwargs, field in cases:
         with pytest.raises(shigoto.ValidationError) as err:

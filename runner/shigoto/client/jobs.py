@@ -14,6 +14,15 @@ The cursor is opaque (`_cursor`); it encodes the last id of the page. One limit 
 paging on a sequence: a job whose inserting transaction commits late, after a page below
 its id was read, is not seen by that walk (it appears at its place in any later listing).
 
+Bounded pages. A filter no index serves (`args_contains`) can make one page read a whole
+table before it finds `limit` matches. With `scan_limit=N` a page searches only the ids from
+its cursor down by N (a range of the primary key, in both tables: at most N rows, since each
+id is in one table at most) and returns the matches found there, perhaps fewer than `limit`
+or none, with `partial=True`, `scanned_to_id` the lowest id searched, and a `next` cursor
+just below it: the following page carries on from there, so the walk still returns every
+match once, only spread over more pages. The budget counts ids, not rows: a stretch of ids
+whose jobs were deleted costs little and may yield an empty page.
+
 `wait_for` polls with capped backoff (`_delays`) rather than LISTEN: a waiter needs no
 connection of its own between looks (with many waiters, a LISTEN each would pin a pool
 connection per waiter), the runners' completion path stays as it is (a NOTIFY per final
@@ -50,6 +59,8 @@ from shigoto.job import FINISHED_STATES, JOB_COLUMNS, Job, JobState
 #: Jobs per page unless `limit=` says otherwise, and the most one page may hold.
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 1000
+#: The largest `scan_limit=` (ids one bounded page may search).
+MAX_SCAN_LIMIT = 10_000_000
 #: Rows one delete statement removes, each batch its own short transaction (unless `conn=`).
 DELETE_BATCH = 1000
 #: wait_for's first pause between looks, its growth, and its ceiling (seconds).
@@ -78,10 +89,18 @@ class JobRecord(Job):
 @dataclass(frozen=True, slots=True)
 class JobPage:
     """One page of `list_jobs`: its jobs, newest first, and the cursor of the next page (pass
-    it as `after=`), None when this is the last one."""
+    it as `after=`), None when this is the last one.
+
+    Pages of a bounded search (`scan_limit=`) also say how far they looked: `scanned_to_id`
+    is the lowest id searched (every match from there up to the cursor is on this page), and
+    `partial` is True when the search stopped at its budget before filling the page: fewer
+    than `limit` jobs, maybe none, while `next` continues the search. Unbounded pages leave
+    them None and False."""
 
     jobs: list[JobRecord]
     next: str | None = None
+    scanned_to_id: int | None = None
+    partial: bool = False
 
     def __iter__(self) -> Iterator[JobRecord]:
         return iter(self.jobs)
@@ -203,6 +222,16 @@ def _limit(value: Any) -> int:
     return value
 
 
+def _scan_limit(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SCAN_LIMIT:
+        raise ValidationError("scan_limit", f"must be a whole number of ids from 1 to "
+                              f"{MAX_SCAN_LIMIT:_}, or None to search until the page is full, "
+                              f"got {value!r}")  # fmt: skip
+    return value
+
+
 def _archived(value: Any) -> tuple[bool, ...]:
     """The tables to read: False is the live table, True the archive."""
     if value is None:
@@ -265,7 +294,8 @@ class JobFilter:
         self, below: int | None = None, above: int | None = None
     ) -> tuple[sql.Composable, dict[str, Any]]:
         """The WHERE text and its parameters; `below` keeps only ids under a cursor's, `above`
-        only ids over the last one a delete batch removed."""
+        only ids over a bound (the last one a delete batch removed, or one below the floor of
+        a bounded page's search)."""
         checks = [
             ("queue = %(queue)s", "queue", self.queue),
             # Exact names only: an equality the listing index (worker, id) can serve.
@@ -326,18 +356,51 @@ def _get_steps(job_id: int, schema: str) -> Steps[JobRecord | None]:
 
 
 def _list_steps(
-    f: JobFilter, after: int | None, limit: int, tables: tuple[bool, ...], schema: str
+    f: JobFilter, after: int | None, limit: int, tables: tuple[bool, ...], schema: str,
+    scan: int | None = None,
 ) -> Steps[JobPage]:
     if f.states and not set(f.states) & set(_FINISHED):
         tables = tuple(t for t in tables if not t)  # the archive holds finished jobs only
     if not tables:
         return JobPage([])
+    if scan is not None:
+        return (yield from _scan_steps(f, after, limit, tables, schema, scan))
     where, params = f.where(below=after)
     # One row past the page says whether another page follows, without a count.
     rows = (yield job_statements.list_jobs(schema, where, tables), {**params, "limit": limit + 1}
             ).rows  # fmt: skip
     jobs = [_record(row) for row in rows[:limit]]
     return JobPage(jobs, _cursor(jobs[-1].id) if len(rows) > limit else None)
+
+
+def _scan_steps(
+    f: JobFilter, after: int | None, limit: int, tables: tuple[bool, ...], schema: str,
+    scan: int,
+) -> Steps[JobPage]:
+    """A bounded page: the matches among the `scan` ids below the cursor (see the module)."""
+    bounds = (yield job_statements.id_bounds(schema, tables), {}).one()
+    top, lowest = bounds if bounds else (None, None)
+    if top is None or lowest is None:
+        return JobPage([])
+    below = top + 1 if after is None else after
+    floor = max(below - scan, lowest)
+    if below <= floor:  # the cursor is at or under the oldest job: nothing left
+        return JobPage([], None, scanned_to_id=lowest)
+    where, params = f.where(below=below, above=floor - 1)
+    rows = (yield job_statements.list_jobs(schema, where, tables), {**params, "limit": limit + 1}
+            ).rows  # fmt: skip
+    return _scanned_page([_record(row) for row in rows], limit, floor, lowest)
+
+
+def _scanned_page(found: list[JobRecord], limit: int, floor: int, lowest: int) -> JobPage:
+    """The page of a bounded search of the ids from `floor` up, given what it found (at most
+    `limit` + 1 jobs) and the lowest id either table holds."""
+    jobs = found[:limit]
+    if len(found) > limit:  # full before the budget ran out: go on below its last job
+        return JobPage(jobs, _cursor(jobs[-1].id), scanned_to_id=jobs[-1].id)
+    if floor > lowest:  # the budget ran out: go on below what was searched
+        return JobPage(jobs, _cursor(floor), scanned_to_id=floor, partial=True)
+    return JobPage(jobs, None, scanned_to_id=lowest)
 
 
 def _delete_steps(f: JobFilter, tables: tuple[bool, ...], dry_run: bool, schema: str) -> Steps[int]:
@@ -492,6 +555,7 @@ def list_jobs(
     archived: bool | None = None,
     limit: int = DEFAULT_LIMIT,
     after: str | None = None,
+    scan_limit: int | None = None,
     conn: psycopg.Connection[Any] | None = None,
     database_url: str | None = None,
     schema: str | None = None,
@@ -501,10 +565,15 @@ def list_jobs(
     `worker` is the full name; `state` one state or several; `args_contains` a dict the
     args must contain (jsonb `@>`; encrypted args never match); `archived` True for the
     archive only, False for live jobs only, None (default) for both. Pass `after=page.next`
-    for the following page."""
+    for the following page.
+
+    `scan_limit=N` bounds the work of a page for filters no index serves (`args_contains`):
+    it searches only the N ids below the cursor and may return fewer than `limit` jobs, or
+    none, with `page.partial` True, `page.scanned_to_id` the lowest id searched, and a `next`
+    that continues the search; no match is skipped or repeated across the pages."""
     work = _list_steps(
         _filter(queue, worker, state, tag, args_contains, inserted_after), _parse_cursor(after),
-        _limit(limit), _archived(archived), config.schema(schema),
+        _limit(limit), _archived(archived), config.schema(schema), _scan_limit(scan_limit),
     )  # fmt: skip
     with _borrow(conn, database_url) as c:
         return steps.run(c, work)
@@ -604,6 +673,7 @@ async def alist_jobs(
     archived: bool | None = None,
     limit: int = DEFAULT_LIMIT,
     after: str | None = None,
+    scan_limit: int | None = None,
     conn: psycopg.AsyncConnection[Any] | None = None,
     database_url: str | None = None,
     schema: str | None = None,
@@ -611,7 +681,7 @@ async def alist_jobs(
     """`list_jobs` for asyncio: the same statements on an async connection."""
     work = _list_steps(
         _filter(queue, worker, state, tag, args_contains, inserted_after), _parse_cursor(after),
-        _limit(limit), _archived(archived), config.schema(schema),
+        _limit(limit), _archived(archived), config.schema(schema), _scan_limit(scan_limit),
     )  # fmt: skip
     async with _aborrow(conn, database_url) as c:
         return await steps.arun(c, work)

@@ -73,6 +73,20 @@ def list_jobs(schema: str, where: sql.Composable, tables: tuple[bool, ...]) -> s
     )
 
 
+# Where a bounded search (`scan_limit=`) starts and where it must stop: the highest id and the
+# lowest in the tables read. Each aggregate is one probe at an end of the primary key.
+_BOUNDS = "SELECT max(id) AS top, min(id) AS lowest FROM {table}"
+
+
+def id_bounds(schema: str, tables: tuple[bool, ...]) -> sql.Composed:
+    """(top, lowest) over the tables named by `tables`; (NULL, NULL) when they are empty."""
+    return sql.SQL("SELECT max(top), min(lowest) FROM ({}) AS bounds").format(
+        sql.SQL(" UNION ALL ").join(
+            sql.SQL(_BOUNDS).format(table=_table(schema, archived)) for archived in tables
+        )
+    )
+
+
 # One bounded batch: each batch is its own short transaction on an autocommit connection, so
 # deleting millions of rows never holds millions of row locks, and SKIP LOCKED passes over a
 # row someone is changing right now (a retry, the pruner moving it) instead of waiting on it.

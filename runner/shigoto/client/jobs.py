@@ -356,7 +356,11 @@ def _get_steps(job_id: int, schema: str) -> Steps[JobRecord | None]:
 
 
 def _list_steps(
-    f: JobFilter, after: int | None, limit: int, tables: tuple[bool, ...], schema: str,
+    f: JobFilter,
+    after: int | None,
+    limit: int,
+    tables: tuple[bool, ...],
+    schema: str,
     scan: int | None = None,
 ) -> Steps[JobPage]:
     if f.states and not set(f.states) & set(_FINISHED):
@@ -374,7 +378,11 @@ def _list_steps(
 
 
 def _scan_steps(
-    f: JobFilter, after: int | None, limit: int, tables: tuple[bool, ...], schema: str,
+    f: JobFilter,
+    after: int | None,
+    limit: int,
+    tables: tuple[bool, ...],
+    schema: str,
     scan: int,
 ) -> Steps[JobPage]:
     """A bounded page: the matches among the `scan` ids below the cursor (see the module)."""

@@ -137,6 +137,45 @@ def test_keyset_pages_cover_every_job_once_archived_included(
     assert sorted(j["id"] for j in seen if j["archived"]) == sorted(old)
 
 
+def test_an_args_filter_searches_a_bounded_stretch_per_page_and_misses_nothing(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    """With args_scan=25, each page of an args-filtered list searches 25 ids: pages come back
+    short or empty with `partial` and `scanned_to_id`, `next` carries on, and walking them
+    finds every match once. Lists without an args filter are not bounded."""
+    hits = {5, 6, 90, 91, 92, 93, 94, 150, 199}
+    jobs = shigoto.enqueue_many([{"worker": "app.w", "queue": "billing",
+                                  "args": {"n": n, "customer": "c42" if n in hits else "c1"}}
+                                 for n in range(200)])  # fmt: skip
+    old = [j.id for j in jobs[:60]]
+    conn.execute("UPDATE shigoto_jobs SET state = 'completed', attempt = 1, "
+                 "finished_at = now() - interval '1 hour' WHERE id = ANY(%s)", (old,))  # fmt: skip
+    assert shigoto.prune(prune_after=60)["archived"] == 60
+    d = Dashboard([Source("default", db_url)], token=TOKEN, args_scan=25)
+    try:
+        base = '/api/jobs?queue=billing&args={"customer":"c42"}&limit=3'
+        seen: list[int] = []
+        answers: list[dict[str, Any]] = []
+        ceiling, target = jobs[-1].id + 1, base
+        while True:
+            answer = get(d, target, SIGNED_IN).json()
+            answers.append(answer)
+            assert ceiling - answer["scanned_to_id"] <= 25
+            seen += [j["id"] for j in answer["jobs"]]
+            if answer["next"] is None:
+                break
+            ceiling, target = answer["scanned_to_id"], f"{base}&after={answer['next']}"
+        unbounded = get(d, "/api/jobs?queue=billing&limit=3", SIGNED_IN).json()
+    finally:
+        d.close()
+    assert seen == sorted((jobs[n].id for n in hits), reverse=True)
+    assert any(a["partial"] and not a["jobs"] and a["next"] for a in answers), "an empty page"
+    assert any(not a["partial"] and len(a["jobs"]) == 3 for a in answers), "a full page"
+    assert answers[-1]["scanned_to_id"] == jobs[0].id and not answers[-1]["partial"]
+    assert (unbounded["partial"], unbounded["scanned_to_id"]) == (False, None)
+    assert len(unbounded["jobs"]) == 3 and unbounded["next"]
+
+
 def _snapshot(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
     return conn.execute("SELECT id, state, attempt, scheduled_at FROM shigoto_jobs "
                         "ORDER BY id").fetchall()  # fmt: skip

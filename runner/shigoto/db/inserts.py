@@ -526,12 +526,10 @@ def _job(spec: InsertSpec, row: tuple[Any, ...]) -> Job:
     )  # fmt: skip
 
 
-def _copied(
-    specs: Sequence[InsertSpec], rows: list[tuple[Any, ...]], build: bool
-) -> list[Written]:
+def _copied(specs: Sequence[InsertSpec], rows: list[tuple[Any, ...]], build: bool) -> list[Written]:
     """A COPY's answers: its jobs, or only their ids."""
     if not build:
-        return [(row[0], False) for row in rows]
+        return _NewIds((row[0], False) for row in rows)
     return [(_job(spec, row), False) for spec, row in zip(specs, rows, strict=True)]
 
 
@@ -570,10 +568,17 @@ def _written_unique(
     return written
 
 
-def _assemble(entries: list[Any], written: Iterator[Written], *, jobs: bool = True) -> Inserted:
+class _NewIds(list[Written]):
+    """A COPY's answers when only ids were asked for: every row new, none a conflict."""
+
+
+def _assemble(entries: list[Any], written: list[Written], *, jobs: bool = True) -> Inserted:
     """The caller's jobs in entry order: resolvers' `Existing` and the write's conflicts marked
-    `conflict=True`; `written` yields one answer per spec entry. `jobs=False`: ids only (an
+    `conflict=True`; `written` holds one answer per spec entry. `jobs=False`: ids only (an
     existing job found for a unique key is a `Job` either way; only its id is kept)."""
+    if type(written) is _NewIds and len(written) == len(entries):  # no Existing among them
+        return Inserted([], frozenset(), [answer[0] for answer in written])  # type: ignore[index,misc]
+    answers: Iterator[Written] = iter(written)
     found_jobs: list[Job] = []
     ids: list[int] = []
     conflicts = set()
@@ -581,7 +586,7 @@ def _assemble(entries: list[Any], written: Iterator[Written], *, jobs: bool = Tr
         if isinstance(entry, Existing):
             found: Written = (entry.job, True)
         else:
-            found = next(written)
+            found = next(answers)
         if found is None:
             continue
         job, conflict = found
@@ -732,7 +737,7 @@ def insert(
         except EncryptedQueueError as refused:
             retry = _refused(refused, schema, retry)  # marked now: the next round seals
             continue
-        result = _assemble(entries, iter(written), jobs=build)
+        result = _assemble(entries, written, jobs=build)
         _emit(context, result, started)
         return result
 
@@ -837,7 +842,7 @@ async def ainsert(
         except EncryptedQueueError as refused:
             retry = _refused(refused, schema, retry)  # marked now: the next round seals
             continue
-        result = _assemble(entries, iter(written), jobs=build)
+        result = _assemble(entries, written, jobs=build)
         _emit(context, result, started)
         return result
 

@@ -17,6 +17,7 @@ from playwright.sync_api import Page, expect
 
 import shigoto
 import shigoto.cron
+from shigoto.dashboard.app import ARGS_SCAN
 from tests.browser import pages
 from tests.browser.dashboard_process import DashboardProcess
 from tests.support.runner_process import RunnerProcess
@@ -446,6 +447,35 @@ def test_filters_find_jobs_and_a_bad_one_is_marked(
     assert pages.job_ids(page) == [wanted.id]
     tagged = conn.execute("SELECT id FROM shigoto_jobs WHERE 'vip' = ANY(tags)").fetchall()
     assert [r[0] for r in tagged] == [wanted.id]
+
+    # An args filter searches ARGS_SCAN ids per page. With the newest match twice that far
+    # above the wanted one, a page comes back short and one empty, each saying how far it
+    # searched, and "next" still leads on to the wanted job.
+    conn.execute("SELECT setval(pg_get_serial_sequence('shigoto_jobs', 'id'), "
+                 "(SELECT max(id) FROM shigoto_jobs) + %s)", (2 * ARGS_SCAN,))  # fmt: skip
+    newer = shigoto.enqueue("tests.browser.workers.note", {"n": 42}, queue=queue_name)
+    form.locator('input[name="tag"]').fill("")
+    form.locator('input[name="args"]').fill('{"n": 42}')
+    form.locator('button[type="submit"]').click()
+    note = page.locator("[data-scan-note]")
+    expect(note).to_be_visible()
+    expect(page.locator(".job-list")).to_have_attribute("data-count", "1")
+    assert pages.job_ids(page) == [newer.id]
+    expect(note).to_contain_text(f"Searched jobs down to #{newer.id + 1 - ARGS_SCAN}")
+    found: list[int] = []
+    empty_pages = 0
+    for _ in range(4):  # the wanted job is at most three pages further down
+        cursor = page.locator('button[data-page="next"]').get_attribute("data-cursor")
+        assert cursor, "a short or empty page is not the end"
+        page.click('button[data-page="next"]')
+        expect(page.locator(".job-list")).to_have_attribute("data-after", cursor)
+        found = pages.job_ids(page)
+        if found:
+            break
+        expect(page.locator("[data-empty]")).to_contain_text("No matches among the jobs searched")
+        expect(note).to_contain_text("Searched jobs down to #")
+        empty_pages += 1
+    assert found == [wanted.id] and empty_pages >= 1
 
 
 def test_encrypted_args_stay_hidden_from_everyone(

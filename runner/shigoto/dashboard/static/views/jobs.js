@@ -3,6 +3,9 @@
 // pages: `after` is the server's opaque cursor, so "next" never skips or repeats a job even
 // while jobs are inserted; "first" goes back to the newest. The filter form is built once per
 // visit and only the table is redrawn on live updates, so typing is never interrupted.
+// An args filter has no index: the server searches a bounded stretch of ids per page and may
+// answer a short or empty page with `partial` and `scanned_to_id`; the page then says how far
+// it searched, and "next" (the server's `next`, never the page's length) carries on below.
 
 import * as api from "../api.js";
 import { h, replace } from "../dom.js";
@@ -89,13 +92,14 @@ export function mount(root, route, ctx) {
     onclick: () => ctx.navigate(href(page, { ...params, after: null, page: null })) }, "« Newest");
   const next = h("button", { type: "button", "data-page": "next", disabled: true }, "Older »");
   const where = h("span", { class: "page-number" }, `Page ${number}`);
+  const scanned = h("p", { class: "empty-note", "data-scan-note": "", hidden: true });
   const section = h("section", { "data-view": page, class: "view" },
     h("div", { class: "view-head" },
       h("h1", null, failures ? "Failures" : "Jobs"),
       h("p", { class: "lede" }, failures
         ? "Jobs that failed: discarded ones ran out of attempts or were discarded; retryable ones wait for another attempt."
         : "Newest first. Filters combine; args match jobs whose args contain the given JSON object.")),
-    form, table,
+    form, table, scanned,
     h("nav", { class: "pager", "aria-label": "Pages" }, first, where, next));
   root.append(section);
 
@@ -112,13 +116,22 @@ export function mount(root, route, ctx) {
         replace(table, h("p", { class: "notice error", "data-filter-error": "" },
           label ? `${label}: ${error.message}` : error.message));
         next.disabled = true;
+        scanned.hidden = true;
         return;
       }
       throw error;
     }
+    const partial = Boolean(answer.partial && answer.next);
     replace(table, jobTable(answer.jobs, {
-      empty: failures ? "No failed jobs." : params.after ? "No older jobs." : "No jobs match these filters.",
+      empty: partial ? "No matches among the jobs searched for this page."
+        : failures ? "No failed jobs." : params.after ? "No older jobs." : "No jobs match these filters.",
     }));
+    scanned.hidden = !partial;
+    scanned.dataset.scannedTo = partial ? String(answer.scanned_to_id) : "";
+    replace(scanned, partial
+      ? `Searched jobs down to #${answer.scanned_to_id}: args filters search a stretch of jobs per page. “Search older »” carries on.`
+      : null);
+    next.textContent = partial ? "Search older »" : "Older »";
     table.dataset.after = params.after || "";
     table.dataset.count = String(answer.jobs.length);
     next.disabled = !answer.next;

@@ -16,7 +16,7 @@ autovacuum would have by then). It refuses a database that already holds jobs.
 of each page) and calls each read endpoint `--repeat` times, printing the median and the 95th
 percentile; then one EXPLAIN (ANALYZE, BUFFERS) of each dashboard statement and of the job
 lists' statement, summarised as its plan nodes and indexes, so it shows that no page reads the
-finished rows.
+finished rows, except an args search, which reads at most ARGS_SCAN ids of them per page.
 
 Not a test and not a runtime dependency: numbers are for people (docs/benchmarks.md).
 """
@@ -36,6 +36,7 @@ from psycopg import sql
 import shigoto
 from shigoto.client import jobs as job_api
 from shigoto.dashboard import Dashboard, Request, Source
+from shigoto.dashboard.app import ARGS_SCAN
 from shigoto.db import dashboard_statements as ds
 from shigoto.db import job_statements
 
@@ -146,6 +147,11 @@ def _pages(dashboard: Dashboard, url: str, schema: str) -> dict[str, str]:
         ).format(_jobs(schema))).fetchone()  # fmt: skip
     assert finished_id is not None
     first = dashboard.handle(Request("GET", "/api/jobs")).json()
+    by_args = '/api/jobs?queue=billing&args={"customer":"c42"}'
+    signed_in = {"Authorization": f"Bearer {TOKEN}"}
+    # The first page of an args search reads the newest ids (the pending jobs); the next one
+    # (its cursor) reads the finished rows below them.
+    args_next = dashboard.handle(Request("GET", by_args, signed_in)).json()["next"]
     return {
         "session": "/api/session",
         "overview": "/api/overview",
@@ -157,7 +163,8 @@ def _pages(dashboard: Dashboard, url: str, schema: str) -> dict[str, str]:
         "jobs by tag": "/api/jobs?tag=t7",
         "jobs by state (available)": "/api/jobs?state=available",
         "failures": "/api/jobs?state=discarded,retryable",
-        "jobs by args (signed in)": '/api/jobs?queue=billing&args={"customer":"c42"}',
+        "jobs by args (signed in)": by_args,
+        "jobs by args, next page": f"{by_args}&after={args_next}" if args_next else by_args,
         "job detail": f"/api/jobs/{finished_id[0]}",
         "cron": "/api/cron",
         "nodes": "/api/nodes",
@@ -209,6 +216,23 @@ def _summary(node: dict[str, Any], out: list[str]) -> None:
         _summary(child, out)
 
 
+def _args_search(conn: psycopg.Connection[Any], schema: str) -> dict[str, tuple[Any, Any]]:
+    """The statements of the second page of the benchmark's args search: where the search
+    starts (id_bounds), then the ARGS_SCAN ids below the first page's (the finished rows)."""
+    tables = (False, True)
+    bounds = conn.execute(job_statements.id_bounds(schema, tables)).fetchone()
+    assert bounds is not None and bounds[0] is not None
+    below = bounds[0] + 1 - ARGS_SCAN
+    where, params = job_api.JobFilter(queue="billing", args_contains={"customer": "c42"}).where(
+        below=below, above=below - ARGS_SCAN - 1
+    )
+    return {
+        "id_bounds (args search)": (job_statements.id_bounds(schema, tables), None),
+        "list_jobs (args search, next page)": (
+            job_statements.list_jobs(schema, where, tables), {**params, "limit": 51}),
+    }  # fmt: skip
+
+
 def explain_all(url: str, schema: str) -> dict[str, str]:
     """Each statement's plan nodes, with the indexes they use and the rows they returned."""
     where, params = job_api.JobFilter(states=["discarded", "retryable"]).where()
@@ -225,6 +249,7 @@ def explain_all(url: str, schema: str) -> dict[str, str]:
     }  # fmt: skip
     plans: dict[str, str] = {}
     with psycopg.connect(url, autocommit=True) as conn:
+        statements.update(_args_search(conn, schema))
         for name, (query, args) in statements.items():
             row = conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}").format(query),
                                args).fetchone()  # fmt: skip

@@ -4,6 +4,7 @@ server-side on 1,000,000 finished jobs and 100,000 pending ones.
     python benchmarks/dashboard_pages.py populate --database-url URL [--finished 1000000]
                                                   [--pending 100000]
     python benchmarks/dashboard_pages.py measure  --database-url URL [--repeat 20] [--json]
+    python benchmarks/dashboard_pages.py walk-args --database-url URL [--customer c43]
 
 `populate` migrates the database and fills it with `--finished` finished jobs (completed 90%,
 discarded 7%, cancelled 3%; six queues, ten workers, eight runner nodes; finishing times
@@ -17,6 +18,9 @@ of each page) and calls each read endpoint `--repeat` times, printing the median
 percentile; then one EXPLAIN (ANALYZE, BUFFERS) of each dashboard statement and of the job
 lists' statement, summarised as its plan nodes and indexes, so it shows that no page reads the
 finished rows, except an args search, which reads at most ARGS_SCAN ids of them per page.
+
+`walk-args` follows every page of the args search (queue billing, one customer) to its end,
+each page searching ARGS_SCAN ids, and prints the number of pages and their times.
 
 Not a test and not a runtime dependency: numbers are for people (docs/benchmarks.md).
 """
@@ -264,18 +268,44 @@ def explain_all(url: str, schema: str) -> dict[str, str]:
     return plans
 
 
+def walk_args(url: str, schema: str, customer: str) -> None:
+    """Every page of the args search for `customer` in queue billing, following `next` until
+    it is null: how many pages, how many matches, and each page's time."""
+    dashboard = Dashboard([Source("default", url, schema)], token=TOKEN)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    base = "/api/jobs?queue=billing&args=" + json.dumps({"customer": customer})
+    target, times, found = base, [], 0
+    try:
+        while True:
+            started = time.perf_counter()
+            answer = dashboard.handle(Request("GET", target, headers)).json()
+            times.append((time.perf_counter() - started) * 1000)
+            found += len(answer["jobs"])
+            if answer["next"] is None:
+                break
+            target = f"{base}&after={answer['next']}"
+    finally:
+        dashboard.close()
+    print(f"{customer}: {len(times)} pages of {ARGS_SCAN:,} ids, {found} jobs found; per page "
+          f"median {statistics.median(times):.1f} ms, slowest {max(times):.1f} ms; "
+          f"{sum(times):.0f} ms in all")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["populate", "measure"])
+    parser.add_argument("command", choices=["populate", "measure", "walk-args"])
     parser.add_argument("--database-url", required=True)
     parser.add_argument("--schema", default="public")
     parser.add_argument("--finished", type=int, default=1_000_000)
     parser.add_argument("--pending", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--customer", default="c43", help="walk-args: whose jobs to search")
     args = parser.parse_args()
     if args.command == "populate":
         populate(args.database_url, args.schema, args.finished, args.pending)
+    elif args.command == "walk-args":
+        walk_args(args.database_url, args.schema, args.customer)
     else:
         measure(args.database_url, args.schema, args.repeat, args.json)
 

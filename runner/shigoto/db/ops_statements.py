@@ -302,7 +302,7 @@ def plan_rows(plan: Any, queues: Sequence[str]) -> dict[str, dict[str, int]]:
 
 
 def _count(state: JobState) -> str:
-    return f"coalesce(sum(n) FILTER (WHERE state = '{state}'), 0) AS {state}"
+    return f"coalesce(sum(n) FILTER (WHERE state = '{state}'), 0)::bigint AS {state}"
 
 
 # The operator's reading: one row per requested queue (zeros for queues without jobs, NULL

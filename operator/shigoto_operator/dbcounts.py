@@ -10,8 +10,8 @@ The query never reads the finished rows a busy table is mostly made of (issue 14
 states come from their partial indexes (claim, stage, executing), and the finished ones
 (completed, discarded, cancelled) are counted exactly from at most
 `ops_statements.FINISHED_EXACT_LIMIT` + 1 of the newest, through the finished index, while
-the table holds no more than that; past it they are the planner's estimates (a second,
-EXPLAIN-only statement), and the Reading says so (`finished_exact`). Autoscaling reads only
+the table holds no more than that; past it they are estimates from the table's statistics (a
+second, small statement), and the Reading says so (`finished_exact`). Autoscaling reads only
 the live states, which are always exact. The database's own `now()` comes back with the
 counts, so "due within the next poll" is judged on the database's clock, as every other time
 in Shigoto. The same query reads each queue's shared settings (`shigoto_queues`: paused,
@@ -79,22 +79,18 @@ async def fetch(
     rows = await cur.fetchall()
     estimates: dict[str, dict[str, int]] = {}
     if any(row[5] is None for row in rows):
-        explain, params = ops_statements.finished_estimate(schema, names)
-        cur = await conn.execute(explain, params)
-        plan = await cur.fetchone()
-        assert plan is not None
-        estimates = ops_statements.plan_rows(plan[0], names)
+        estimates = await _estimates(conn, schema, names)
     out = {}
     for row in rows:
         finished = estimates.get(row[0]) or {}
         counts = JobCounts(
-            available=row[1],
-            scheduled=row[2],
-            executing=row[3],
-            retryable=row[4],
-            completed=row[5] if row[5] is not None else finished.get("completed", 0),
-            discarded=row[6] if row[6] is not None else finished.get("discarded", 0),
-            cancelled=row[7] if row[7] is not None else finished.get("cancelled", 0),
+            available=int(row[1]),
+            scheduled=int(row[2]),
+            executing=int(row[3]),
+            retryable=int(row[4]),
+            completed=int(row[5]) if row[5] is not None else finished.get("completed", 0),
+            discarded=int(row[6]) if row[6] is not None else finished.get("discarded", 0),
+            cancelled=int(row[7]) if row[7] is not None else finished.get("cancelled", 0),
             next_due_at=row[8],
             observed_at=row[9],
         )
@@ -102,6 +98,22 @@ async def fetch(
             counts, paused=row[10], global_concurrency=row[11], finished_exact=row[5] is not None
         )
     return out
+
+
+async def _estimates(
+    conn: psycopg.AsyncConnection, schema: str, queues: list[str]
+) -> dict[str, dict[str, int]]:
+    """Finished counts by queue from the table's statistics (the planner's, by EXPLAIN, when
+    the table has none yet): the same reading `shigoto status` makes."""
+    cur = await conn.execute(ops_statements.TABLE_STATS, {"schema": schema})
+    estimates = ops_statements.estimate_finished(await cur.fetchall(), queues)
+    if estimates is None:
+        explain, params = ops_statements.finished_estimate(schema, queues)
+        cur = await conn.execute(explain, params)
+        plan = await cur.fetchone()
+        assert plan is not None
+        estimates = ops_statements.plan_rows(plan[0], queues)
+    return estimates
 
 
 @dataclass

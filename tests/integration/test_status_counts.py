@@ -124,6 +124,38 @@ async def test_past_the_limit_finished_counts_are_estimates_and_say_so(
     assert "~40" in shown and "estimated" in shown
 
 
+def test_estimates_follow_the_planner_arithmetic_of_table_statistics() -> None:
+    """Pure: rows now (reltuples scaled to the current pages) x the queue's share x the
+    state's share; a value outside the most common ones gets an even share of the rest."""
+    # 1,000 rows at ANALYZE on 10 pages, 20 pages now: 2,000 rows.
+    table = (1000.0, 10.0, 20.0)
+    rows = [
+        (*table, "queue", 0.0, 3.0, ["a", "b"], [0.7, 0.2]),  # the third queue: 0.1
+        (*table, "state", 0.0, 4.0, ["completed", "discarded", "available"], [0.8, 0.1, 0.05]),
+    ]
+    found = ops_statements.estimate_finished(rows, ["a", "c"])
+    assert found == {
+        "a": {"completed": 1120, "discarded": 140, "cancelled": 70},
+        "c": {"completed": 160, "discarded": 20, "cancelled": 10},
+    }
+    never_analyzed = [(-1.0, 0.0, 20.0, None, None, None, None, None)]
+    assert ops_statements.estimate_finished(never_analyzed, ["a"]) is None
+
+
+async def test_a_table_without_statistics_is_estimated_by_the_planner(
+    db_url: str, conn: psycopg.Connection[Any], small_exact_limit: int
+) -> None:
+    conn.execute("ALTER TABLE shigoto_jobs SET (autovacuum_enabled = false)")
+    add_jobs(conn, "q", "completed", 20)
+    add_jobs(conn, "q", "available", 2)
+    st = shigoto.status()
+    assert not st.finished_exact
+    assert st.counts["q"]["available"] == 2
+    assert all(isinstance(st.counts["q"][s], int) and st.counts["q"][s] >= 0 for s in FINISHED)
+    reading = (await operator_counts(db_url, ["q"]))["q"]
+    assert not reading.finished_exact and reading.counts.available == 2
+
+
 def test_status_reports_what_the_sampler_recorded_in_the_last_hour(
     conn: psycopg.Connection[Any],
 ) -> None:

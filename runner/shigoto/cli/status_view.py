@@ -23,9 +23,10 @@ def _cell(value: Any) -> str:
 
 
 def status_table(st: Status) -> Table:
-    """Counts by queue and state. Finished counts on a big table are the planner's estimates,
-    shown as `~N` and said so in the caption; "last hour" is what the runners' stats sampler
-    recorded (completed / discarded / cancelled), "-" where nothing was sampled."""
+    """Counts by queue and state. Finished counts on a big table are estimates from table
+    statistics, shown as `~N` and said so in the caption; "last hour" is what the runners'
+    stats sampler recorded (completed / discarded / cancelled), "-" where nothing was
+    sampled."""
     table = Table(title="queues")
     table.add_column("queue")
     for state in JobState:

@@ -294,9 +294,10 @@ STATUS_BREAKERS = 50
 class Status:
     """What `shigoto status` shows. Counts never read the finished rows a busy table is mostly
     made of: live states are exact (their partial indexes); finished states are exact while the
-    live table holds at most `ops_statements.FINISHED_EXACT_LIMIT` finished rows, and the
-    planner's estimates past that (`exact` says which). `finished_last_hour` is what the stats
-    sampler recorded (shigoto.runtime.sampler): exact, for the minutes a runner sampled."""
+    live table holds at most `ops_statements.FINISHED_EXACT_LIMIT` finished rows, and
+    estimates from the table's statistics past that (`exact` says which).
+    `finished_last_hour` is what the stats sampler recorded (shigoto.runtime.sampler): exact,
+    for the minutes a runner sampled."""
 
     counts: dict[str, dict[str, int]]
     oldest_available_age: dict[str, float]
@@ -363,7 +364,7 @@ class _Counts:
 def _counts_steps(schema: str) -> Steps[_Counts]:
     """Counts by queue and state without a scan of the finished rows (issue 14): live states
     by their partial indexes; finished ones counted from at most FINISHED_EXACT_LIMIT + 1 of
-    the newest (all of them, when there are no more), else estimated by the planner."""
+    the newest (all of them, when there are no more), else estimated from table statistics."""
     out = _Counts()
     for queue, state, count, age in (
         yield ops_statements.compose(ops_statements.LIVE_COUNTS, schema), None
@@ -382,10 +383,7 @@ def _counts_steps(schema: str) -> Steps[_Counts]:
             yield ops_statements.compose(ops_statements.JOB_QUEUES, schema), None
         ).rows]  # fmt: skip
         if queues:
-            explain, params = ops_statements.finished_estimate(schema, queues)
-            plan = (yield explain, params).one()
-            assert plan is not None
-            for queue, estimates in ops_statements.plan_rows(plan[0], queues).items():
+            for queue, estimates in (yield from _estimates_steps(schema, queues)).items():
                 out.of(queue).update(estimates)
     for queue, completed, discarded, cancelled, minutes in (
         yield ops_statements.compose(ops_statements.FINISHED_LAST_HOUR, schema), None
@@ -393,6 +391,19 @@ def _counts_steps(schema: str) -> Steps[_Counts]:
         out.last_hour[queue] = {"completed": int(completed), "discarded": int(discarded),
                                 "cancelled": int(cancelled), "minutes": int(minutes)}  # fmt: skip
     return out
+
+
+def _estimates_steps(schema: str, queues: list[str]) -> Steps[dict[str, dict[str, int]]]:
+    """Finished counts by queue, estimated from the table's statistics (the planner's, by
+    EXPLAIN, when the table has none yet)."""
+    stats = (yield ops_statements.TABLE_STATS, {"schema": schema}).rows
+    estimates = ops_statements.estimate_finished(stats, queues)
+    if estimates is None:
+        explain, params = ops_statements.finished_estimate(schema, queues)
+        plan = (yield explain, params).one()
+        assert plan is not None
+        estimates = ops_statements.plan_rows(plan[0], queues)
+    return estimates
 
 
 def _status_steps(schema: str) -> Steps[Status]:

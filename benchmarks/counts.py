@@ -176,6 +176,8 @@ def _statements(schema: str) -> list[tuple[str, Any, Any]]:
         for name in ("LIVE_COUNTS", "FINISHED_COUNTS", "JOB_QUEUES", "FINISHED_LAST_HOUR"):
             out.append((name, ops_statements.compose(getattr(ops_statements, name), schema),
                         {"limit": limit}))  # fmt: skip
+    if hasattr(ops_statements, "TABLE_STATS"):
+        out.append(("TABLE_STATS", ops_statements.TABLE_STATS, {"schema": schema}))
     else:
         out.append(("statements._COUNTS", stmts.counts, None))
         out.append(("statements._OLDEST_AVAILABLE", stmts.oldest_available, None))

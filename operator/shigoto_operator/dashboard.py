@@ -13,9 +13,12 @@ Actions need the token of `SHIGOTO_DASHBOARD_TOKEN` or the file of
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
 
 from shigoto.dashboard import Dashboard, DashboardServer, Source
-from shigoto.dashboard.auth import load_token, loopback_host
+from shigoto.dashboard.auth import ENV_TOKEN_FILE, load_token, loopback_host
 from shigoto.errors import ConfigurationError
 from shigoto_operator.config import OperatorConfig
 from shigoto_operator.databases import Databases
@@ -29,16 +32,27 @@ def sources(databases: Databases) -> list[Source]:
     return sorted(found, key=lambda s: s.name)
 
 
+def token(env: Mapping[str, str] = os.environ) -> str | None:
+    """The actions' token. deploy/dashboard mounts its Secret as optional, so a token file
+    named but absent means "read-only", not a failure (`shigoto dashboard --token-file`, a
+    choice made on the command line, still fails on a missing file)."""
+    path = env.get(ENV_TOKEN_FILE)
+    if path and not Path(path).exists():
+        log.warning("no dashboard token at %s (its Secret is optional): read-only", path)
+        env = {k: v for k, v in env.items() if k != ENV_TOKEN_FILE}
+    return load_token(None, env)
+
+
 def serve(databases: Databases, config: OperatorConfig) -> DashboardServer | None:
     """Start the dashboard if configured; a port already taken or an unreadable token file is
     logged with its fix, and the operator goes on reconciling without a dashboard."""
     if not config.dashboard_port:
         return None
     try:
-        token = load_token(None)
+        secret = token()
         dashboard = Dashboard(
             lambda: sources(databases),
-            token=token,
+            token=secret,
             loopback_only=loopback_host(config.dashboard_host),
         )
         server = DashboardServer(dashboard, config.dashboard_host, config.dashboard_port)
@@ -51,5 +65,5 @@ def serve(databases: Databases, config: OperatorConfig) -> DashboardServer | Non
             config.dashboard_host, config.dashboard_port, exc,
         )  # fmt: skip
         return None
-    log.info("dashboard on %s (%s)", server.url, "actions on" if token else "read-only")
+    log.info("dashboard on %s (%s)", server.url, "actions on" if secret else "read-only")
     return server

@@ -100,3 +100,16 @@ async def test_the_operator_serves_every_known_database(
             return code == 200 and body["databases"] == []
 
         await eventually(none_left, message="database forgotten")
+
+
+async def test_an_absent_token_file_means_read_only(
+    kmock: Any, db_url: str, dashboard_port: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """deploy/dashboard mounts the token Secret as optional: without it the file is absent and
+    the operator serves a read-only dashboard rather than none."""
+    monkeypatch.delenv("SHIGOTO_DASHBOARD_TOKEN")
+    monkeypatch.setenv("SHIGOTO_DASHBOARD_TOKEN_FILE", str(tmp_path / "absent" / "token"))
+    async with running_operator(kmock):
+        code, body = call(dashboard_port, "/api/session")
+        assert code == 200 and body["actions_enabled"] is False
+        assert call(dashboard_port, "/api/queues/mail/pause", "POST", token=TOKEN)[0] == 403

@@ -235,13 +235,15 @@ async def test_metrics_count_outcomes_and_queue_depth(served, conn: psycopg.Conn
 
     async def depth_settled() -> bool:
         text = await metrics()
-        want = {"completed": 4, "discarded": 3, "scheduled": 1, "cancelled": 1, "available": 0}
+        # Live states only: finished jobs are history, not depth (and never counted here).
+        want = {"scheduled": 1, "available": 0, "executing": 0, "retryable": 0}
         return all(
             sample(text, "shigoto_queue_depth", state=state, **labels) == count
             for state, count in want.items()
         )
 
     await until(depth_settled, timeout=DEADLINE, message="queue depth gauge matching the table")
+    assert sample(await metrics(), "shigoto_queue_depth", state="completed", **labels) is None
 
     text = await metrics()
     assert sample(text, "shigoto_jobs_completed_total", worker=succeed.name, **labels) == 4

@@ -77,15 +77,16 @@ def test_metrics_follow_telemetry_only_while_attached() -> None:
     assert value(m, "shigoto_jobs_completed_total", queue="q", worker="app.work") == 1
 
 
-def test_queue_depth_exports_every_state_and_drops_vanished_pairs_to_zero() -> None:
+def test_queue_depth_exports_every_live_state_and_drops_vanished_pairs_to_zero() -> None:
     m = RunnerMetrics(NODE, process_metrics=False)
-    m.set_depth([("q", "available", 3), ("q", "completed", 10), ("r", "executing", 1)])
+    m.set_depth([("q", "available", 3), ("q", "scheduled", 10), ("r", "executing", 1)])
     assert value(m, "shigoto_queue_depth", queue="q", state="available") == 3
     assert value(m, "shigoto_queue_depth", queue="q", state="retryable") == 0
     assert value(m, "shigoto_queue_depth", queue="r", state="executing") == 1
-    m.set_depth([("q", "completed", 13)])
+    assert value(m, "shigoto_queue_depth", queue="q", state="completed") is None  # not depth
+    m.set_depth([("q", "scheduled", 13)])
     assert value(m, "shigoto_queue_depth", queue="q", state="available") == 0
-    assert value(m, "shigoto_queue_depth", queue="q", state="completed") == 13
+    assert value(m, "shigoto_queue_depth", queue="q", state="scheduled") == 13
     assert value(m, "shigoto_queue_depth", queue="r", state="executing") == 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from shigoto.db.ops_statements import LIVE_STATES
 from shigoto.job import Job, JobState
 from shigoto.ops.metrics import OTHER, RunnerMetrics
 
@@ -34,7 +35,7 @@ def test_unknown_workers_and_unserved_queues_fold_into_other() -> None:
     depth = labelled(m, "shigoto_queue_depth")
     assert depth[tuple(sorted((OTHER, "available")))] == 300
     assert depth[tuple(sorted(("q", "available")))] == 2
-    assert len(depth) == 2 * len(JobState)
+    assert len(depth) == 2 * len(LIVE_STATES)  # two queues (q and OTHER), live states only
 
 
 def test_a_queue_no_longer_served_loses_its_depth_series() -> None:

@@ -46,9 +46,8 @@ from prometheus_client import (
 from psycopg_pool import AsyncConnectionPool
 
 from shigoto import telemetry
-from shigoto.db import statements
+from shigoto.db import ops_statements, statements
 from shigoto.errors import Discard
-from shigoto.job import JobState
 
 #: Execution times span milliseconds (no-op jobs) to the default 5-minute timeout and beyond.
 DURATION_BUCKETS = (
@@ -341,9 +340,10 @@ class RunnerMetrics:
     def set_depth(self, rows: Iterable[tuple[str, str, int]]) -> None:
         """Record (queue, state, count) rows; a pair absent from `rows` drops to 0.
 
-        Every state of every served queue is exported, zeros included, so a dashboard sees a
-        queue empty out instead of a series that silently stops; other queues add up under
-        `OTHER`, and a queue no longer served loses its series.
+        Every live state of every served queue is exported, zeros included, so a dashboard
+        sees a queue empty out instead of a series that silently stops; other queues add up
+        under `OTHER`, and a queue no longer served loses its series. Finished states are not
+        depth: counting them would read the table's whole history every few seconds.
         """
         counts: dict[tuple[str, str], int] = {}
         for queue, state, count in rows:
@@ -354,20 +354,22 @@ class RunnerMetrics:
             if queue != OTHER and self._label(queue, self._queues) == OTHER:
                 self._forget_depth(queue)
                 continue
-            for state in JobState:
+            for state in ops_statements.LIVE_STATES:
                 self._depth_keys.add((queue, state.value))
                 self.depth.labels(queue, state.value).set(counts.get((queue, state.value), 0))
 
     def _forget_depth(self, queue: str) -> None:
-        for state in JobState:
+        for state in ops_statements.LIVE_STATES:
             if (queue, state.value) in self._depth_keys:
                 self._depth_keys.discard((queue, state.value))
                 self.depth.remove(queue, state.value)
 
     async def refresh_depth(self, pool: AsyncConnectionPool, stmts: statements.Statements) -> None:
-        """Query the counts by queue and state and publish them."""
+        """Count the live jobs by queue and state (through their partial indexes, never the
+        finished rows) and publish them."""
         async with pool.connection() as conn:
-            cur = await conn.execute(stmts.counts)
+            cur = await conn.execute(ops_statements.compose(ops_statements.LIVE_COUNTS,
+                                                            stmts.schema))  # fmt: skip
             rows = await cur.fetchall()
         self.set_depth((str(r[0]), str(r[1]), int(r[2])) for r in rows)
 

@@ -193,10 +193,6 @@ ON CONFLICT (id) DO UPDATE SET queues = excluded.queues, last_seen_at = excluded
 
 _NODE_DELETE = "DELETE FROM {nodes} WHERE id = %(id)s"
 
-_COUNTS = """
-SELECT queue, state, count(*) AS count FROM {jobs} GROUP BY queue, state ORDER BY queue, state
-"""
-
 _OLDEST_AVAILABLE = """
 SELECT queue, extract(epoch FROM now() - min(scheduled_at))::float8 AS age
 FROM {jobs} WHERE state = {available} GROUP BY queue
@@ -462,7 +458,6 @@ class Statements:
     delete_archived_at: str
     node_upsert: str
     node_delete: str
-    counts: str
     oldest_available: str
     nodes: str
     stale_executing: str
@@ -560,7 +555,6 @@ def statements(schema: str) -> Statements:
         "delete_archived_at": _DELETE_ARCHIVED,
         "node_upsert": _NODE_UPSERT,
         "node_delete": _NODE_DELETE,
-        "counts": _COUNTS,
         "oldest_available": _OLDEST_AVAILABLE,
         "nodes": _NODES,
         "stale_executing": _STALE_EXECUTING,

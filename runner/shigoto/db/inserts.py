@@ -359,6 +359,16 @@ SELECT ins.id, ins.state, ins.scheduled_at, ins.inserted_at,
 FROM ins
 """
 
+# Ids for a batch and the database clock, in one round trip. The sequence's name is looked
+# up once (the scalar sub-select is an InitPlan): `nextval(pg_get_serial_sequence(...))`
+# looked it up in the catalog for every id, 5 µs of the server's time per bulk-enqueued job,
+# a fifth of a 10,000-job batch's time.
+_RESERVE_IDS = """
+SELECT now() AS now,
+       array(SELECT nextval((SELECT pg_get_serial_sequence({jobs_name}, 'id'))::regclass)
+             FROM generate_series(1, %(count)s)) AS ids
+"""
+
 _EXISTING = f"""
 SELECT {", ".join(JOB_COLUMNS)} FROM {{jobs}} WHERE unique_key = ANY(%(keys)s::text[])
 """
@@ -370,6 +380,7 @@ class _Statements:
     insert_one_unique: str
     insert_one_sealed: str
     existing: str
+    reserve_ids: str
 
 
 @functools.cache
@@ -379,6 +390,7 @@ def _own(schema: str) -> _Statements:
         insert_one_unique=statements.compose(_INSERT_ONE_UNIQUE, schema),
         insert_one_sealed=statements.compose(_INSERT_ONE_SEALED, schema),
         existing=statements.compose(_EXISTING, schema),
+        reserve_ids=statements.compose(_RESERVE_IDS, schema),
     )
 
 
@@ -764,7 +776,7 @@ def _write_many(
         cur.execute(own.existing, {"keys": [specs[0].unique_key]})
         return _written_unique(specs, [(None,)], set(), _by_key(cur.fetchall()))
     if how == "one_sealed":  # its id first, then one statement that notifies itself
-        cur.execute(stmts.reserve_ids, {"count": 1})
+        cur.execute(own.reserve_ids, {"count": 1})
         reserved = cur.fetchone()
         assert reserved is not None
         cur.execute(own.insert_one_sealed, _sealed_params(specs[0], reserved[1][0], stmts.schema))
@@ -774,7 +786,7 @@ def _write_many(
     if not direct and len(specs) > 1:  # one row is atomic without a savepoint
         with context.conn.transaction():  # a savepoint in the caller's transaction
             return _write_many(cur, context, specs, direct=True, build=build)
-    cur.execute(stmts.reserve_ids, {"count": len(specs)})
+    cur.execute(own.reserve_ids, {"count": len(specs)})
     reserved = cur.fetchone()
     assert reserved is not None
     now, ids = reserved
@@ -872,7 +884,7 @@ async def _awrite_many(
         await cur.execute(own.existing, {"keys": [specs[0].unique_key]})
         return _written_unique(specs, [(None,)], set(), _by_key(await cur.fetchall()))
     if how == "one_sealed":  # its id first, then one statement that notifies itself
-        await cur.execute(stmts.reserve_ids, {"count": 1})
+        await cur.execute(own.reserve_ids, {"count": 1})
         reserved = await cur.fetchone()
         assert reserved is not None
         await cur.execute(own.insert_one_sealed,
@@ -883,7 +895,7 @@ async def _awrite_many(
     if not direct and len(specs) > 1:  # one row is atomic without a savepoint
         async with context.conn.transaction():  # a savepoint in the caller's transaction
             return await _awrite_many(cur, context, specs, direct=True, build=build)
-    await cur.execute(stmts.reserve_ids, {"count": len(specs)})
+    await cur.execute(own.reserve_ids, {"count": len(specs)})
     reserved = await cur.fetchone()
     assert reserved is not None
     now, ids = reserved

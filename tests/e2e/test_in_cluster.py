@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -196,28 +198,58 @@ def test_runner_pods_drain_a_queue_and_scale_back_to_zero(
 
 
 def _operator_reports(kube: Kube, ns: str, replicas: int) -> bool:
-    """The operator pod's /metrics (through the API server's pod proxy, as a scraper inside the
-    cluster would reach it) and its dashboard (through the Service deploy/dashboard adds) both
+    """The operator pod's /metrics and its dashboard (deploy/dashboard's port), reached with
+    `kubectl port-forward` as docs/dashboard.md tells users (the API server's proxy refuses a
+    loopback pod address, which a one-node loopback cluster's host-network pods have), both
     show the queue's replicas."""
     label = "app.kubernetes.io/name=shigoto-operator"
     pods = json.loads(kube("get", "pods", "-n", OPERATOR_NS, "-l", label, "-o", "json"))["items"]
     running = [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"]
     if not running:
         return False
-    metrics = kube.run("get", "--raw", f"/api/v1/namespaces/{OPERATOR_NS}/pods/{running[0]}:9090"
-                       "/proxy/metrics", check=False).stdout  # fmt: skip
+    metrics_port, dashboard_port = _free_port(), _free_port()
+    forward = subprocess.Popen(
+        ["kubectl", "--kubeconfig", kube.kubeconfig, "-n", OPERATOR_NS, "port-forward",
+         f"pod/{running[0]}", f"{metrics_port}:9090", f"{dashboard_port}:8081"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert forward.stdout is not None
+        forward.stdout.readline()  # "Forwarding from ..." once it listens
+        return _metrics_show(metrics_port, ns, replicas) and _dashboard_shows(
+            dashboard_port, replicas
+        )
+    finally:
+        forward.terminate()
+        forward.wait(timeout=30)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _fetch(port: int, path: str) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
+            return answer.read().decode()
+    except OSError:
+        return ""
+
+
+def _metrics_show(port: int, ns: str, replicas: int) -> bool:
+    text = _fetch(port, "/metrics")
     wanted = f'shigoto_operator_queue_replicas{{namespace="{ns}",queue="work"}} {replicas}.0'
-    if wanted not in metrics or "shigoto_operator_database_up{" not in metrics:
-        return False
-    proxy = f"/api/v1/namespaces/{OPERATOR_NS}/services/shigoto-dashboard:80/proxy"
-    session = kube.run("get", "--raw", f"{proxy}/api/session", check=False).stdout
-    if not session.strip():
-        return False
-    for name in json.loads(session)["databases"]:
-        answer = kube.run("get", "--raw", f"{proxy}/api/queues?db={quote(name)}",
-                          check=False).stdout  # fmt: skip
-        queues = json.loads(answer or "{}").get("queues", [])
-        if any(q["name"] == "work" and q["operator_replicas"] == replicas for q in queues):
+    return wanted in text and "shigoto_operator_database_up{" in text
+
+
+def _dashboard_shows(port: int, replicas: int) -> bool:
+    session = _fetch(port, "/api/session")
+    for name in json.loads(session or "{}").get("databases", []):
+        queues = json.loads(_fetch(port, f"/api/queues?db={quote(name)}") or "{}")
+        if any(q["name"] == "work" and q["operator_replicas"] == replicas
+               for q in queues.get("queues", [])):  # fmt: skip
             return True
     return False
 

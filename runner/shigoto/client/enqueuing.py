@@ -193,7 +193,7 @@ def enqueue_many(
     if not specs:
         return []
     if direct:
-        return _insert(conn, database_url, schema, specs, "enqueue_many", jobs=False).ids
+        return _write(conn, database_url, schema, specs, "enqueue_many", jobs=False).ids
     written = through(specs, _writer(conn, database_url, schema, "enqueue_many"))
     return [job.id for job in written] if _ids_only(returning) else written
 
@@ -207,20 +207,10 @@ def _writer(
     """What writes the specs: the testing interceptor if set, else the insert path."""
     if interceptor is not None:
         return interceptor.record
-    return lambda specs: _write(conn, database_url, schema, specs, source)
+    return lambda specs: _write(conn, database_url, schema, specs, source).jobs
 
 
 def _write(
-    conn: psycopg.Connection[Any] | None,
-    database_url: str | None,
-    schema: str | None,
-    specs: list[JobSpec],
-    source: inserts.Source,
-) -> list[Job]:
-    return _insert(conn, database_url, schema, specs, source).jobs
-
-
-def _insert(
     conn: psycopg.Connection[Any] | None,
     database_url: str | None,
     schema: str | None,
@@ -299,8 +289,7 @@ async def aenqueue_many(
     if not specs:
         return []
     if direct:
-        inserted = await _ainsert(conn, database_url, schema, specs, "enqueue_many", jobs=False)
-        return inserted.ids
+        return (await _awrite(conn, database_url, schema, specs, "enqueue_many", jobs=False)).ids
     written = await athrough(specs, _awriter(conn, database_url, schema, "enqueue_many"))
     return [job.id for job in written] if _ids_only(returning) else written
 
@@ -314,20 +303,14 @@ def _awriter(
     """What writes the specs on the async path: the testing interceptor, or the insert path."""
     if interceptor is not None:
         return interceptor.arecord
-    return lambda specs: _awrite(conn, database_url, schema, specs, source)
+
+    async def write(specs: list[JobSpec]) -> list[Job]:
+        return (await _awrite(conn, database_url, schema, specs, source)).jobs
+
+    return write
 
 
 async def _awrite(
-    conn: psycopg.AsyncConnection[Any] | None,
-    database_url: str | None,
-    schema: str | None,
-    specs: list[JobSpec],
-    source: inserts.Source,
-) -> list[Job]:
-    return (await _ainsert(conn, database_url, schema, specs, source)).jobs
-
-
-async def _ainsert(
     conn: psycopg.AsyncConnection[Any] | None,
     database_url: str | None,
     schema: str | None,

@@ -19,7 +19,7 @@ from tests.support.waiting import count
 def _kill_other_backends(conn: psycopg.Connection[Any]) -> int:
     """What a server restart does to the pool's connections (FATAL: AdminShutdown)."""
     killed = conn.execute(
-        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+        "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity"
         " WHERE datname = current_database() AND pid <> pg_backend_pid()"
     ).fetchone()
     assert killed is not None
@@ -91,3 +91,15 @@ def test_a_database_gone_after_the_pool_opened_reports_why(
         finally:
             admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(
                 sql.Identifier(name)))  # fmt: skip
+
+
+def test_a_connection_is_pinged_only_when_idle_or_spoken_to(db_url: str) -> None:
+    """The client pool skips the ping of a connection handed out a moment ago (a round trip
+    as long as a single enqueue), but not of one the server spoke to: a terminated backend's
+    FATAL waits on the socket, so it is pinged, found broken and replaced."""
+    with psycopg.connect(db_url, autocommit=True) as victim, \
+            psycopg.connect(db_url, autocommit=True) as admin:  # fmt: skip
+        assert database._suspect(victim)  # never handed out: ping
+        assert not database._suspect(victim)  # just handed out, nothing to read: no ping
+        admin.execute("SELECT pg_terminate_backend(%s, 5000)", (victim.info.backend_pid,))
+        assert database._suspect(victim)  # the server spoke first: ping

@@ -359,6 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead: processing by N real runner processes, e.g. 1,2,4")
     p.add_argument("--global-limit", type=int, metavar="L",
                    help="with --runners: also measure a queue with a global limit of L")
+    p.add_argument("--bulk-returning", choices=("ids", "jobs"), default="ids",
+                   help="what the bulk phase asks enqueue_many for (ids: no Job per row)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("demo", help="the whole loop on an embedded PostgreSQL, no setup")

@@ -15,11 +15,12 @@ from __future__ import annotations
 import logging
 import threading
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from shigoto.dashboard.app import Dashboard, Request, Response, json_response
 from shigoto.dashboard.auth import SECURITY_HEADERS
+from shigoto.ops.probes import BoundedHTTPServer
 
 log = logging.getLogger("shigoto.dashboard")
 
@@ -33,33 +34,10 @@ REQUEST_TIMEOUT = 10.0
 MAX_BODY = 64 * 1024
 
 
-class _BoundedServer(ThreadingHTTPServer):
-    """ThreadingHTTPServer with a cap on connections served at once."""
+class _BoundedServer(BoundedHTTPServer):
+    """The probes' bounded server, which may rebind a port just left (a restarted dashboard)."""
 
-    daemon_threads = True
     allow_reuse_address = True
-
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
-                 max_connections: int) -> None:  # fmt: skip
-        super().__init__(address, handler)
-        self._slots = threading.BoundedSemaphore(max_connections)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            log.debug("dashboard: too many connections, refusing %s", client_address)
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
 
 
 class DashboardServer:
@@ -85,7 +63,7 @@ class DashboardServer:
     def start(self) -> None:
         """Bind and serve in a thread of its own; OSError if the address cannot be bound."""
         self._httpd = _BoundedServer((self.host, self.port), _handler_for(self),
-                                     self.max_connections)  # fmt: skip
+                                     self.max_connections, name="dashboard")  # fmt: skip
         self.port = int(self._httpd.server_address[1])
         self._thread = threading.Thread(target=self._httpd.serve_forever,
                                         name="shigoto-dashboard-http", daemon=True)  # fmt: skip

@@ -191,7 +191,7 @@ class HealthServer:
 
     async def start(self) -> None:
         """Bind, serve in a daemon thread, and start the loop tasks that feed the answers."""
-        self._httpd = _BoundedHTTPServer(
+        self._httpd = BoundedHTTPServer(
             (self.host, self.port), _handler_for(self), self.max_connections
         )
         self.metrics.attach()  # after the bind: a port in use must not leave a subscriber behind
@@ -250,24 +250,27 @@ class HealthServer:
         return 200, {"status": "ready", "reason": result.reason}
 
 
-class _BoundedHTTPServer(ThreadingHTTPServer):
+class BoundedHTTPServer(ThreadingHTTPServer):
     """A thread per connection, but at most `max_connections` at once: past the cap a new
     connection is closed at once instead of getting a thread. With the handler's socket
-    timeout, slow or half-sent requests can hold only a bounded number of threads, briefly."""
+    timeout, slow or half-sent requests can hold only a bounded number of threads, briefly.
+    Serves the health probes and the dashboard (`shigoto.dashboard.server`)."""
 
     daemon_threads = True
 
     def __init__(
-        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int
-    ) -> None:
+        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int,
+        *, name: str = "health server",
+    ) -> None:  # fmt: skip
         super().__init__(address, handler)
         self.max_connections = max_connections
+        self.name = name
         self._slots = threading.BoundedSemaphore(max_connections)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
-            log.debug("health server: %d connections open, refusing %s",
-                      self.max_connections, client_address)  # fmt: skip
+            log.debug("%s: %d connections open, refusing %s",
+                      self.name, self.max_connections, client_address)  # fmt: skip
             self.shutdown_request(request)
             return
         try:
@@ -320,4 +323,4 @@ def _handler_for(server: HealthServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-__all__ = ["HealthServer", "Readiness", "failure_class", "probe_database"]
+__all__ = ["BoundedHTTPServer", "HealthServer", "Readiness", "failure_class", "probe_database"]

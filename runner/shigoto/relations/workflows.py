@@ -129,23 +129,6 @@ UNION ALL
 SELECT id, result FROM {archive} WHERE id = ANY(%(ids)s::bigint[])
 """
 
-# Progress of the builder's workflows that still have work to do, oldest first.
-WORKFLOW_PROGRESS = """
-SELECT meta -> 'workflow' ->> 'id' AS id, min(meta -> 'workflow' ->> 'name') AS name,
-       count(*) AS total,
-       count(*) FILTER (WHERE state = {completed}) AS completed,
-       count(*) FILTER (WHERE state IN ({discarded}, {cancelled})) AS failed,
-       count(*) FILTER (WHERE state = {scheduled}
-                          AND scheduled_at = '9999-12-31 00:00:00+00') AS waiting,
-       count(*) FILTER (WHERE state = {executing}) AS executing
-FROM {jobs}
-WHERE meta ? 'workflow'
-GROUP BY 1
-HAVING count(*) FILTER (WHERE state NOT IN {finished}) > 0
-ORDER BY min(id)
-LIMIT %(limit)s
-"""
-
 # Every job waiting for a parent, builder-made or not.
 WAITING_COUNT = """
 SELECT count(*) FROM {jobs}

@@ -11,9 +11,10 @@ gets a server of its own (tests/support/embedded_servers.py).
 
 from __future__ import annotations
 
+import inspect
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -119,6 +120,25 @@ def db_url(
     monkeypatch.setenv("SHIGOTO_DATABASE_URL", url)
     yield url
     _drop_db(server, name)
+
+
+@pytest.fixture
+async def _async_client_pools_closed(db_url: str) -> AsyncIterator[None]:
+    """Closes the async client pools the test opened in its loop before its database is
+    dropped. Left open, a pool whose connection the drop kills may be reconnecting while the
+    loop's teardown cancels its tasks, which once hung a teardown past the timeout."""
+    yield
+    await database.aclose_pools()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every coroutine test on a test database closes its async pools first (set up after
+    `db_url`, so torn down before it)."""
+    for item in items:
+        function = getattr(item, "function", None)
+        fixtures = getattr(item, "fixturenames", None)
+        if inspect.iscoroutinefunction(function) and fixtures is not None and "db_url" in fixtures:
+            fixtures.append("_async_client_pools_closed")
 
 
 @pytest.fixture

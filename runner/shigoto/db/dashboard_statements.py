@@ -22,18 +22,13 @@ import functools
 
 from psycopg import sql
 
+from shigoto.db import ops_statements
 from shigoto.job import JOB_COLUMNS
 
-#: The states each live count reads, and the partial index that serves it.
-LIVE_COUNTS = """
-SELECT queue, 'available' AS state, count(*) FROM {jobs}
-WHERE state = 'available' GROUP BY queue
-UNION ALL
-SELECT queue, state, count(*) FROM {jobs}
-WHERE state IN ('scheduled', 'retryable') GROUP BY queue, state
-UNION ALL
-SELECT queue, 'executing', count(*) FROM {jobs}
-WHERE state = 'executing' GROUP BY queue
+#: Live jobs by queue and state, each state through the partial index that holds it: the
+#: statement `shigoto status` and the operator count with, without its oldest-job times.
+LIVE_COUNTS = f"""
+SELECT queue, state, n FROM ({ops_statements.LIVE_COUNTS_FRAGMENT}) AS live
 """
 
 # Exact finished counts, only run while the table is small (the finished index's predicate).
@@ -42,16 +37,12 @@ SELECT queue, state, count(*) FROM {jobs}
 WHERE state IN ('completed', 'discarded', 'cancelled') GROUP BY queue, state
 """
 
-# The distinct queue names of the table without reading it: a skip scan of the listing index
-# (queue, id), one index probe per name (a plain DISTINCT would read every row).
-QUEUE_NAMES = """
-WITH RECURSIVE names AS (
-    (SELECT queue FROM {jobs} ORDER BY queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM {jobs} AS j WHERE j.queue > names.queue ORDER BY j.queue LIMIT 1)
-    FROM names WHERE names.queue IS NOT NULL
-)
-SELECT queue FROM names WHERE queue IS NOT NULL LIMIT %(limit)s
+# The distinct queue names of the table without reading it: the skip scan of the listing
+# index (queue, id) that status uses, one index probe per name (a plain DISTINCT would read
+# every row), at most %(limit)s of them.
+QUEUE_NAMES = f"""
+WITH RECURSIVE {ops_statements.JOB_QUEUES_CTE}
+SELECT queue FROM job_queues WHERE queue IS NOT NULL LIMIT %(limit)s
 """
 
 QUEUE_SETTINGS = """

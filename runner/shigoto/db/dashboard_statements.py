@@ -18,8 +18,6 @@ placeholders, except the queue names of the estimate's EXPLAIN, which are `sql.L
 
 from __future__ import annotations
 
-import functools
-
 from psycopg import sql
 
 from shigoto.db import ops_statements
@@ -141,20 +139,8 @@ FROM {queues} WHERE name = %(name)s
 """
 
 
-def _tables(schema: str) -> dict[str, sql.Identifier]:
-    return {
-        name: sql.Identifier(schema, f"shigoto_{table}")
-        for name, table in (
-            ("jobs", "jobs"), ("archive", "jobs_archive"), ("queues", "queues"),
-            ("nodes", "nodes"), ("cron", "cron"), ("stats", "stats"), ("leaders", "leaders"),
-        )
-    }  # fmt: skip
-
-
-@functools.cache
-def compose(template: str, schema: str) -> sql.Composed:
-    """`template` with its table names filled in for `schema` (cached: schemas are few)."""
-    return sql.SQL(template).format(**_tables(schema))
+#: Templates are composed like the status statements, over the same table names.
+compose = ops_statements.compose
 
 
 FINISHED_STATES = ("completed", "discarded", "cancelled")
@@ -164,7 +150,7 @@ def estimates(schema: str, queues: list[str]) -> sql.Composed:
     """One EXPLAIN whose plan carries the planner's row estimate of the whole table first, then
     of each (queue, finished state) in `queues` x FINISHED_STATES order: an Append of simple
     scans, one branch each. Planning reads statistics only, never a row."""
-    jobs = _tables(schema)["jobs"]
+    jobs = sql.Identifier(schema, "shigoto_jobs")
     branches = [sql.SQL("SELECT 1 FROM {}").format(jobs)]
     for queue in queues:
         for state in FINISHED_STATES:

@@ -22,11 +22,13 @@ from shigoto.job import JobState
 def _tables(schema: str) -> dict[str, sql.Identifier]:
     return {
         "jobs": sql.Identifier(schema, "shigoto_jobs"),
+        "archive": sql.Identifier(schema, "shigoto_jobs_archive"),
         "queues": sql.Identifier(schema, "shigoto_queues"),
         "cron": sql.Identifier(schema, "shigoto_cron"),
         "nodes": sql.Identifier(schema, "shigoto_nodes"),
         "breakers": sql.Identifier(schema, "shigoto_breakers"),
         "stats": sql.Identifier(schema, "shigoto_stats"),
+        "leaders": sql.Identifier(schema, "shigoto_leaders"),
     }
 
 

@@ -53,6 +53,9 @@ MIGRATE_BACKOFF_MAX = 300.0
 #: How long one migration may take before the pass reports it as failed. The migration is
 #: then cancelled: its connection closes and the server rolls back its one transaction.
 MIGRATE_TIMEOUT = 120.0
+#: How long stopping waits for the cron, elector and probe loops to end their tick in flight
+#: (each statement of a tick is bounded by `QUERY_TIMEOUT`) before cancelling them.
+STOP_TIMEOUT = QUERY_TIMEOUT + 1.0
 #: A runner node whose heartbeat is older than this is not counted as live: the rescuer's
 #: default verdict (two missed heartbeats and a margin) on a node that stopped answering.
 LIVE_AFTER = RunnerSettings().effective_rescue_after
@@ -117,6 +120,7 @@ class Database:
         self.health: DatabaseHealth | None = None
         self._probe_interval = config.metrics_interval if config.metrics_port else None
         self._prober: asyncio.Task[None] | None = None
+        self._closing = asyncio.Event()
 
     async def start(self) -> None:
         await self.pool.open(wait=False)
@@ -131,12 +135,16 @@ class Database:
         log.info("watching database %s: counts and cron", self.name)
 
     async def _probe_loop(self, interval: float) -> None:
-        while True:
+        # Ended by `_closing`, not by cancelling: on Python 3.11 a cancel that lands as one
+        # of the probe's `wait_for`s completes is swallowed, and a loop that only cancelling
+        # could end then slept on and hung `stop()` for good (seen in CI).
+        while not self._closing.is_set():
             try:
                 self.health = await self.probe()
             except Exception:  # a bug here must not end the probing for good
                 log.exception("probing %s for the metrics failed", self.name)
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), interval)
 
     async def probe(self) -> DatabaseHealth:
         """Whether the database answers, with each queue's oldest available job's wait and
@@ -165,15 +173,11 @@ class Database:
         )
 
     async def stop(self) -> None:
-        if self._prober is not None:
-            self._prober.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._prober
+        self._closing.set()
         self.scheduler.stop()
         await self.elector.stop()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(task, 10)
+        tasks = [*self._tasks, *([self._prober] if self._prober is not None else [])]
+        await _end(tasks, STOP_TIMEOUT)
         await self.pool.close()
         log.info("stopped watching database %s", self.name)
 
@@ -255,6 +259,21 @@ class Database:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(stmt, {"name": name})
             return await cur.fetchone()
+
+
+async def _end(tasks: list[asyncio.Task[None]], timeout: float) -> None:
+    """Wait up to `timeout` for `tasks` to end by themselves, then cancel the rest and give
+    them a second. Never waits longer: `asyncio.wait_for(task)` would wait for a cancelled
+    task without bound, and a task that swallowed its cancel would hang the stop."""
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(tasks, timeout=timeout)
+    for task in pending:
+        task.cancel()
+    if pending:
+        _, stuck = await asyncio.wait(pending, timeout=1.0)
+        for task in stuck:
+            log.warning("%s did not stop; left behind", task.get_name())
 
 
 async def _rows(conn: psycopg.AsyncConnection[Any], query: str) -> list[tuple[Any, ...]]:

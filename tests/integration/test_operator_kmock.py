@@ -12,6 +12,7 @@ entry point (`-p kmock` is only needed where plugin autoloading is disabled).
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -24,7 +25,8 @@ import shigoto
 from shigoto.db import database
 from shigoto_operator import k8s
 from shigoto_operator.config import OperatorConfig
-from shigoto_operator.databases import Databases
+from shigoto_operator.databases import STOP_TIMEOUT, Database, Databases
+from shigoto_operator.metrics import DatabaseHealth
 from tests.support.operator_harness import Cluster, eventually, running_operator
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -537,6 +539,34 @@ async def test_counts_are_one_query_for_all_queues_of_a_database(
         assert databases.known == []
     finally:
         await databases.close()
+
+
+async def test_stopping_a_database_ends_even_when_its_probe_swallows_the_cancel(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    """Python 3.11's `wait_for` can swallow a cancel that lands as its inner await completes;
+    the probe loop is full of them. Stopping must end the loop anyway, within its bound (it
+    once slept on, and the release hung for good)."""
+    swallowed = asyncio.Event()
+
+    async def probe_that_swallows_a_cancel() -> DatabaseHealth:
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            swallowed.set()
+        return DatabaseHealth(up=True)
+
+    db = Database(db_url, "public", OperatorConfig(metrics_port=1, metrics_interval=0.01))
+    db.probe = probe_that_swallows_a_cancel  # type: ignore[method-assign]
+    await db.start()
+    await asyncio.sleep(0.2)  # the loop has probed a few times
+    assert db.health == DatabaseHealth(up=True)
+    assert db._prober is not None
+    db._prober.cancel()  # what the old stop relied on; this probe swallows it
+    await asyncio.sleep(0.1)
+    assert swallowed.is_set() and not db._prober.done()
+    await asyncio.wait_for(db.stop(), STOP_TIMEOUT + 5)
+    assert db._prober.done()
 
 
 # --- small awaitable conditions for `eventually` ---------------------------------------------

@@ -293,6 +293,8 @@ def test_example_image_drains_a_queue_and_exits_0_on_sigterm(
         logs = docker("logs", name, check=False)
         assert code == "0", f"exit code {code}\n{logs.stdout}\n{logs.stderr}"
         assert "Traceback" not in logs.stdout + logs.stderr, logs.stdout + logs.stderr
+        # The runner image installs the uvloop extra, and `shigoto run` picks it up.
+        assert "started on the uvloop event loop" in logs.stdout + logs.stderr, logs.stderr
     finally:
         docker("rm", "-f", name, check=False)
     assert count(url, "state <> 'completed'") == 0

@@ -62,3 +62,15 @@ def gated(marker: str, wait_at_most: float = 60.0) -> str:
 def echo(**args: Any) -> dict[str, Any]:
     """Return the args as the result."""
     return args
+
+
+@shigoto.worker
+async def loop_kind() -> str:
+    """The module of the event loop this async perform runs on ("uvloop" or "asyncio")."""
+    return type(asyncio.get_running_loop()).__module__.split(".")[0]
+
+
+@shigoto.worker
+def sync_in_thread(n: int) -> int:
+    """Sync: a perform on a worker thread, its result handed back to the loop."""
+    return n * 2

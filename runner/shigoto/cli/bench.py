@@ -46,6 +46,7 @@ from shigoto.client.enqueuing import enqueue, enqueue_many
 from shigoto.db import database, embedded
 from shigoto.db.migrate import migrate
 from shigoto.errors import ValidationError
+from shigoto.runtime import event_loop
 from shigoto.worker import worker
 
 BENCH_DATABASE = "shigoto_bench"
@@ -295,6 +296,7 @@ async def _process(url: str, cfg: BenchConfig, advance: Callable[..., None]) -> 
         "claims": len(claims), "jobs_per_claim": round(count / max(len(claims), 1), 1),
         "claim_ms_p50": _percentile(claims, 50), "claim_ms_p95": _percentile(claims, 95),
         "startup_seconds": round(marks["first_claim"] - started, 3),
+        "event_loop": event_loop.current(),
     }  # fmt: skip
 
 
@@ -305,7 +307,7 @@ def measure_processing(
     _preload(url, cfg, cfg.process_jobs)
     load = _load()
     with progress.phase(label, cfg.process_jobs) as advance:
-        result = asyncio.run(_process(url, cfg, advance))
+        result = event_loop.run(_process(url, cfg, advance))
     result["completed"] = _count(url, cfg.schema, "completed")
     result["load_before"] = load
     return result
@@ -375,7 +377,7 @@ def measure_latency(url: str, cfg: BenchConfig, progress: Progress) -> dict[str,
     _reset(url, cfg.schema)
     load = _load()
     with progress.phase("pickup latency", cfg.latency_jobs) as advance:
-        result = asyncio.run(_latency(url, cfg, advance))
+        result = event_loop.run(_latency(url, cfg, advance))
     result["completed"] = _count(url, cfg.schema, "completed") - 1  # minus the warm-up job
     result["load_before"] = load
     return result

@@ -28,6 +28,7 @@ from shigoto.cli import dashboard, jobs, rekey
 from shigoto.db import embedded
 from shigoto.errors import ConfigurationError, Error, ValidationError
 from shigoto.flow.codel import DEFAULT_INTERVAL as SHED_INTERVAL
+from shigoto.runtime import event_loop
 from shigoto.runtime.executor import CALLBACK_TIMEOUT
 from shigoto.runtime.rescuer import STUCK_AFTER
 
@@ -273,6 +274,10 @@ def _add_run(sub: Any) -> None:
         "seconds of silence after which a node's jobs are rescued (default 2 x heartbeat + 30)"))
     _flow_flags(p)
     _retention(p)
+    p.add_argument("--event-loop", choices=event_loop.CHOICES, default="auto",
+                   help="auto (default): uvloop when it is installed (pip install "
+                   "'shigoto[uvloop]'; the runner image has it), which costs less CPU per job; "
+                   "asyncio: the standard library's loop")
     p.add_argument("--cron", nargs="?", const="", default=os.environ.get("SHIGOTO_CRON"),
                    metavar="FILE", help="run the cron scheduler here (leader-elected); FILE, a "
                    "JSON list of schedules, is stored first [SHIGOTO_CRON]")  # fmt: skip
@@ -461,7 +466,7 @@ def _run(args: argparse.Namespace) -> int:
         from shigoto.db import database
 
         psycopg.connect(runner.url, **database.connect_kwargs(runner.url)).close()
-    asyncio.run(_serve(runner, args))
+    event_loop.run(_serve(runner, args), args.event_loop)
     _exit_even_if_threads_linger()
     return 0
 

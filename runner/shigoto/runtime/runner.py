@@ -41,7 +41,7 @@ from shigoto.flow.codel import check_setting as check_shed_setting
 from shigoto.flow.shares import check_capacity
 from shigoto.job import Job
 from shigoto.relations import events as relation_events
-from shigoto.runtime import fanout, rescuer
+from shigoto.runtime import event_loop, fanout, rescuer
 from shigoto.runtime.bulkhead import Bulkheads
 from shigoto.runtime.capacity import Capacity
 from shigoto.runtime.claimer import Claimer
@@ -345,8 +345,9 @@ class Runner:
             await asyncio.wait_for(notifier.connected.wait(), 10)
         except TimeoutError:
             log.warning("LISTEN connection not up after 10 s; relying on polling until it is")
-        log.info("runner %s started", self.node,
-                 extra={"node": self.node, "queues": dict(self.queues)})  # fmt: skip
+        log.info("runner %s started on the %s event loop", self.node, event_loop.current(),
+                 extra={"node": self.node, "queues": dict(self.queues),
+                        "event_loop": event_loop.current()})  # fmt: skip
         self.ready.set()
         await self._stop.wait()
         await self._shutdown(services, notifier, heartbeat)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextvars
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +45,9 @@ class JobContext:
     partition_key: str | None = None
     _progress_sink: Callable[[int], None] | None = field(default=None, repr=False)
     progress: int | None = None
-    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    #: Set once by the runner, read by the perform's thread: a plain attribute is enough under
+    #: the GIL, and costs no Event (with its lock and condition) per job.
+    _cancel: bool = field(default=False, repr=False)
     #: `{parent_id: result}` of a job with `depends_on` (None for a parent that did not
     #: complete, when the job's on_parent_failure is "run"); empty for other jobs.
     parent_results: dict[int, Any] = field(default_factory=_loaded_parent_results)
@@ -58,10 +59,10 @@ class JobContext:
         A sync perform cannot be interrupted from outside; one that may run long should check
         this between steps and return (or raise) when it turns True, so its thread is freed.
         """
-        return self._cancel.is_set()
+        return self._cancel
 
     def _request_cancel(self) -> None:
-        self._cancel.set()
+        self._cancel = True
 
     def report_progress(self, percent: float) -> None:
         """Record progress (0-100) on the job row; written in the background, never blocking."""

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 
 from psycopg_pool import AsyncConnectionPool
 
-from shigoto import telemetry
+from shigoto import registry, telemetry
 from shigoto.db import statements
 from shigoto.job import Job
 from shigoto.runtime.executor import Completion
@@ -66,7 +66,8 @@ class Bulkheads:
         return sorted(name for name, count in held.items() if count >= caps[name])
 
     async def __call__(self, job: Job, call_next: Next) -> Completion | None:
-        cap = worker_caps().get(job.worker)
+        # This worker's cap only: copying the whole registry per job cost more than the job.
+        cap = getattr(registry.get(job.worker), "concurrency", None) or None
         if cap is None:
             return await call_next(job)
         if self.admitted[job.worker] >= cap:

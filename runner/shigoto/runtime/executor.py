@@ -232,8 +232,9 @@ class JobExecutor:
 
     async def execute(self, job: Job) -> Completion:
         started = time.monotonic()
-        meta = {"job": job, "node": self.node}
-        telemetry.emit("job.start", {"system_time": time.time()}, meta)
+        if telemetry.enabled("job.start"):
+            telemetry.emit("job.start", {"system_time": time.time()},
+                           {"job": job, "node": self.node})  # fmt: skip
         worker: Worker | None = None
         ctx: JobContext | None = None
         sealed = is_envelope(job.args)
@@ -383,15 +384,12 @@ class JobExecutor:
             raise
 
     def _progress_sink(self, job: Job) -> Callable[[int], None] | None:
+        """What `report_progress` calls, from the loop or a perform's thread: hands the value
+        to the loop, where the progress writer runs."""
         if self.progress is None:
             return None
-        report = self.progress
-        loop = asyncio.get_running_loop()
-
-        def sink(percent: int) -> None:
-            loop.call_soon_threadsafe(report, job, percent)
-
-        return sink
+        return functools.partial(asyncio.get_running_loop().call_soon_threadsafe,
+                                 self.progress, job)  # fmt: skip
 
     @staticmethod
     def _max_attempts(job: Job, worker: Worker | None) -> int:
@@ -420,13 +418,12 @@ class JobExecutor:
             return await self._discard(job, worker, entry, duration, outcome, sealed)
         if isinstance(outcome, _Failure):
             return await self._fail(job, worker, outcome.error, duration, sealed)
-        telemetry.emit(
-            "job.stop",
-            {"duration": duration, "queue_time": _queue_time(job)},
-            {**meta, "result": outcome},
-        )
-        log.debug("job %s (%s) completed in %.3fs", job.id, job.worker, duration,
-                  extra=_fields(job))  # fmt: skip
+        if telemetry.enabled("job.stop"):  # skip building the dicts while nobody listens
+            telemetry.emit("job.stop", {"duration": duration, "queue_time": _queue_time(job)},
+                           {**meta, "result": outcome})  # fmt: skip
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("job %s (%s) completed in %.3fs", job.id, job.worker, duration,
+                      extra=_fields(job))  # fmt: skip
         result_json, problem = _result_json(outcome, job)
         if result_json is not None and getattr(worker, "encrypted_result", False) is True:
             result_json, problem = self._sealed_result(job, result_json)

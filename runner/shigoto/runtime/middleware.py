@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from shigoto import registry
 from shigoto.context import reset_parent_results, set_parent_results
 from shigoto.db import encryption_statements, statements
 from shigoto.encryption import JobBinding
@@ -120,7 +121,8 @@ class GlobalLimits:
                 if w.global_concurrency}  # fmt: skip
 
     async def __call__(self, job: Job, call_next: Next) -> Completion | None:
-        limit = self.worker_limits().get(job.worker)
+        # This worker's limit only: copying the whole registry per job cost more than the job.
+        limit = getattr(registry.get(job.worker), "global_concurrency", None) or None
         if limit is not None and not await self._admit(job, limit):
             return None
         return await call_next(job)

@@ -293,6 +293,12 @@ class JobExecutor:
                   for k, v in results.items()}  # fmt: skip
         return set_parent_results(opened)
 
+    def cancelled_unstarted(self, job: Job, reason: str) -> None:
+        """An operator cancelled `job` while it waited, claimed ahead, for a slot: the same
+        event and log line as a cancel mid-perform, with no perform to stop."""
+        self._cancel_requests[job.id] = reason
+        self._cancelled(job, 0.0)
+
     def _cancelled(self, job: Job, duration: float) -> None:
         """The job's task was cancelled: by an operator's cancel, or by shutdown."""
         reason = self._cancel_requests.pop(job.id, None)

@@ -18,6 +18,17 @@ weighted split, see `shigoto.runtime.capacity`) that caps `wanted` beside its ow
 and an `on_change` hook, called after each claim and each finished job, through which the
 runner hands freed capacity to the queues that want it. `has_demand` is what the split reads.
 
+Claiming ahead: while a queue's jobs are short (a mean perform under `LOOKAHEAD_BELOW`), a
+claim may also take up to `concurrency` more jobs than there are free slots. They wait here,
+claimed, for a slot (at most `concurrency` perform at once, whatever is held), so the next
+claim's round trip overlaps the running jobs instead of following them: short jobs otherwise
+leave the runner idle for one claim round trip per batch. A job waits for at most about one
+short job's time, so nothing held this way looks stuck or starves another runner for long.
+Long jobs, and queues whose limits count held jobs (a global limit, fair claims, a cap per
+partition, fan-out, the runner's capacity split, workers with a global limit), claim only
+for free slots, as before. A held job is "running" for everything else (drain, put-back at
+shutdown, cancel, the bulkheads' counts): only its perform waits.
+
 Telemetry (docs/telemetry.md): `producer.claim` once per claim, `job.claim` once per claimed
 job (only built while someone follows it: the claim path stays cheap), `queue.add` when the
 producer starts and `queue.remove` when it stops claiming (removed from the runner, or the
@@ -30,6 +41,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 from shigoto import telemetry
@@ -40,6 +52,10 @@ log = logging.getLogger("shigoto.producer")
 
 CLAIM_RETRY_INITIAL = 0.5
 CLAIM_RETRY_MAX = 30.0
+#: A queue whose jobs perform in less than this on average (seconds) claims ahead.
+LOOKAHEAD_BELOW = 0.05
+#: Weight of the newest perform time in the running mean that decides it.
+_MEAN_WEIGHT = 0.2
 
 ClaimFn = Callable[[str, int], Awaitable[list[Job]]]
 ExecuteFn = Callable[[Job], Awaitable[None]]
@@ -65,11 +81,15 @@ class Producer(Service):
         claim_batch: int,
         node: str,
         room: RoomFn | None = None,
+        room_now: Callable[[], bool] | None = None,
     ) -> None:
         super().__init__(poll_interval)
         self.name = f"producer of queue {queue}"  # in its log lines; the logger stays
         self.queue = queue
         self._room = room
+        #: Whether there is room at once: then the claim goes out without waiting on `room`
+        #: through tasks, which would cost it several passes of the loop.
+        self._room_now = room_now
         self.concurrency = concurrency
         self._claim = claim
         self._execute = execute
@@ -92,8 +112,15 @@ class Producer(Service):
         self.on_change: Callable[[], None] | None = None
         self.fair = False  # round-robin across partition keys (see shigoto.runtime.claimer)
         self.partition_concurrency: int | None = None  # per partition, all runners; None: no cap
+        #: Whether claiming ahead is allowed beside the queue's own settings; the runner says
+        #: no while some worker has a global limit (its admission counts held jobs).
+        self.may_look_ahead: Callable[[], bool] = lambda: True
         self.running: dict[int, tuple[Job, asyncio.Task[None]]] = {}
+        self._performing = 0  # jobs of `running` past the slot gate
+        self._waiting: OrderedDict[int, asyncio.Future[None]] = OrderedDict()
+        self._mean_perform: float | None = None
         self._wake = asyncio.Event()
+        self._wake_waiter: asyncio.Future[None] | None = None
         self._claiming = True
         self._more_waiting = False
         #: Woken or polled since the last claim: work may be waiting, unknown until it claims.
@@ -104,11 +131,37 @@ class Producer(Service):
         self._retrying = False
 
     def wake(self) -> None:
+        """Claim again now. The waiting producer is resumed by its own future, so it runs in
+        the loop's very next pass: a finishing job's wake-up lets the next claim go out before
+        the jobs claimed ahead take the loop for their performs."""
         self._wake.set()
+        waiter = self._wake_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     @property
     def free(self) -> int:
         return max(self.concurrency - len(self.running), 0)
+
+    @property
+    def lookahead(self) -> int:
+        """Jobs the next claim may take beyond the free slots (see the module docstring)."""
+        if (
+            self._mean_perform is None
+            or self._mean_perform >= LOOKAHEAD_BELOW
+            or self.global_limit is not None
+            or self.fair
+            or self.fanout
+            or self.partition_concurrency is not None
+            or self.share is not None
+            or not self.may_look_ahead()
+        ):
+            return 0
+        return self.concurrency
+
+    def waiting(self, job_id: int) -> bool:
+        """Whether `job_id` is held here, claimed ahead, and has not started to perform."""
+        return job_id in self._waiting
 
     @property
     def poll_interval(self) -> float:
@@ -134,8 +187,8 @@ class Producer(Service):
                            {"queue": self.queue, "node": self.node})  # fmt: skip
         self._claiming = False
         self._stopped.set()
-        self._wake.set()
         self._stop.set()
+        self.wake()
 
     @property
     def claimable(self) -> bool:
@@ -164,6 +217,10 @@ class Producer(Service):
         for job in jobs:
             self._start(job)
         self._changed()
+        if self._more_waiting and self.wanted > 0:
+            # Claiming ahead: the next claim goes out now, before the jobs just started
+            # take the loop, and comes back while they run.
+            self.wake()
         return len(jobs)
 
     def _changed(self) -> None:
@@ -175,8 +232,15 @@ class Producer(Service):
             self._retrying = False
             await super().wait_next(seconds)
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), seconds)
+        if not self._wake.is_set():
+            loop = asyncio.get_running_loop()
+            self._wake_waiter = waiter = loop.create_future()
+            timer = loop.call_later(seconds, _resolve, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._wake_waiter = None
         self._wake.clear()
         self._asked = True  # woken or polled: the next claim finds out what waits
 
@@ -189,7 +253,7 @@ class Producer(Service):
     async def _has_room(self) -> bool:
         """Wait until the completer has room for more outcomes; False if claiming stopped
         meanwhile (a shutdown must not wait on a database that accepts nothing)."""
-        if self._room is None:
+        if self._room is None or (self._room_now is not None and self._room_now()):
             return True
         room = asyncio.ensure_future(self._room())
         if not room.done():
@@ -203,7 +267,8 @@ class Producer(Service):
     def wanted(self) -> int:
         """Jobs the next claim asks for: free slots, within the batch size and the global
         limit (which this runner alone may already fill, and then need not ask at all)."""
-        wanted = min(self.free, self.claim_batch)
+        room = self.concurrency + self.lookahead - len(self.running)
+        wanted = min(max(room, 0), self.claim_batch, self.concurrency)
         if self.global_limit is not None:
             wanted = min(wanted, max(self.global_limit - len(self.running), 0))
         if self.share is not None:
@@ -234,17 +299,58 @@ class Producer(Service):
                            {"job": job, "node": self.node})  # fmt: skip
 
     def _start(self, job: Job) -> None:
-        task = asyncio.create_task(self._execute(job), name=f"shigoto-job-{job.id}")
+        task = asyncio.create_task(self._perform(job), name=f"shigoto-job-{job.id}")
         self.running[job.id] = (job, task)
         self._drained.clear()
         task.add_done_callback(lambda _t, job_id=job.id: self._finished(job_id))
+
+    async def _perform(self, job: Job) -> None:
+        """Run `job` once a slot is free: at most `concurrency` perform at once."""
+        if self._performing < self.concurrency and not self._waiting:
+            self._performing += 1
+        else:
+            await self._wait_for_slot(job.id)
+        started = time.monotonic()
+        try:
+            await self._execute(job)
+        finally:
+            # In this order: the job stops counting, the producer wakes, then a job claimed
+            # ahead takes the slot (see `wake`). `_finished` does the rest once the task ends.
+            self.running.pop(job.id, None)
+            if self._more_waiting and self.global_limit is None:
+                self.wake()
+            self._pass_slot()
+            took = time.monotonic() - started
+            mean = self._mean_perform
+            self._mean_perform = took if mean is None else mean + _MEAN_WEIGHT * (took - mean)
+
+    async def _wait_for_slot(self, job_id: int) -> None:
+        """Wait, in claim order, until a finishing job hands its slot over."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting[job_id] = waiter
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            self._waiting.pop(job_id, None)
+            if waiter.done() and not waiter.cancelled():
+                self._pass_slot()  # handed the slot as it was cancelled: pass it on
+            raise
+
+    def _pass_slot(self) -> None:
+        """A perform ended: its slot goes to the longest waiting job, or becomes free."""
+        while self._waiting:
+            _, waiter = self._waiting.popitem(last=False)
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._performing -= 1
 
     def _finished(self, job_id: int) -> None:
         self.running.pop(job_id, None)
         # Under a global limit the finished job counts until its outcome is written: the wake-up
         # comes with the NOTIFY sent after that, not now.
         if self._more_waiting and self.global_limit is None:
-            self._wake.set()
+            self.wake()
         if not self.running:
             self._drained.set()
         self._changed()
@@ -260,6 +366,11 @@ class Producer(Service):
     async def wait_drained(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._drained.wait(), timeout)
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def claim_delay(job: Job) -> float | None:

@@ -498,8 +498,12 @@ class Runner:
             queue, concurrency, claim=self._claim, execute=self._execute,
             poll_interval=self.settings.poll_interval, claim_batch=self.settings.claim_batch,
             node=self.node, room=self._completer_room,
+            room_now=lambda: self._completer is None or not self._completer.full,
         )  # fmt: skip
         producer.global_limit = self.global_concurrency.get(queue)
+        # A worker's global limit is checked at admission, counting every held job: jobs
+        # claimed ahead would count against it before they run.
+        producer.may_look_ahead = lambda: not self.limits.worker_limits()
         if self.capacity is not None:
             producer.share = self.capacity.share
             producer.on_change = self.capacity.rebalance
@@ -666,7 +670,11 @@ class Runner:
             if job_id not in producer.running:
                 continue
             assert self._executor is not None
-            self._executor.request_cancel(job_id, "cancelled by operator")
+            if producer.waiting(job_id):  # claimed ahead, never started: nothing to stop
+                self._executor.cancelled_unstarted(producer.running[job_id][0],
+                                                   "cancelled by operator")  # fmt: skip
+            else:
+                self._executor.request_cancel(job_id, "cancelled by operator")
             producer.cancel_job(job_id)
             return
 

@@ -162,3 +162,49 @@ async def test_a_slot_handed_to_a_job_cancelled_at_that_moment_passes_on() -> No
     await producer.wait_drained(1.0)
     assert started == [1, 3]
     assert producer._performing == 0
+
+
+async def test_a_job_held_past_the_hold_limit_is_handed_back_not_performed() -> None:
+    """Claimed ahead, then the jobs turned long: performing a job that sat `executing` that
+    long could follow the leader's rescue of it, and run it twice."""
+    release = asyncio.Event()
+    started: list[int] = []
+    handed_back: list[int] = []
+
+    async def execute(job: Job) -> None:
+        started.append(job.id)
+        if job.id == 1:
+            await release.wait()
+
+    async def no_claim(_queue: str, _limit: int) -> list[Job]:
+        return []
+
+    async def hand_back(job: Job) -> None:
+        handed_back.append(job.id)
+
+    producer = Producer("q", 1, claim=no_claim, execute=execute, poll_interval=60,
+                        claim_batch=3, node="n")  # fmt: skip
+    producer.hold_limit = 0.05
+    producer.hand_back = hand_back
+    for i in (1, 2, 3):
+        producer._start(Job(id=i, queue="q", worker="w", args={}, state=JobState.EXECUTING,
+                            attempt=1))  # fmt: skip
+    await asyncio.sleep(0.1)  # 2 and 3 wait past the limit behind 1
+    release.set()
+    await producer.wait_drained(1.0)
+    assert started == [1]
+    assert handed_back == [2, 3]
+    assert producer.running == {} and producer._performing == 0
+
+
+async def test_a_job_held_briefly_is_performed() -> None:
+    queue = FakeQueue(200, perform_seconds=0.001)
+    producer = queue.make(10)
+    handed_back: list[int] = []
+
+    async def hand_back(job: Job) -> None:
+        handed_back.append(job.id)
+
+    producer.hand_back = hand_back
+    await drain(queue, producer)
+    assert sorted(queue.performed) == list(range(1, 201)) and handed_back == []

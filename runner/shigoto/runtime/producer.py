@@ -23,7 +23,8 @@ claim may also take up to `concurrency` more jobs than there are free slots. The
 claimed, for a slot (at most `concurrency` perform at once, whatever is held), so the next
 claim's round trip overlaps the running jobs instead of following them: short jobs otherwise
 leave the runner idle for one claim round trip per batch. A job waits for at most about one
-short job's time, so nothing held this way looks stuck or starves another runner for long.
+short job's time, so nothing held this way looks stuck or starves another runner for long;
+one that waited past `HOLD_LIMIT` anyway (the jobs turned long) is handed back unperformed.
 Long jobs, and queues whose limits count held jobs (a global limit, fair claims, a cap per
 partition, fan-out, the runner's capacity split, workers with a global limit), claim only
 for free slots, as before. A held job is "running" for everything else (drain, put-back at
@@ -54,6 +55,11 @@ CLAIM_RETRY_INITIAL = 0.5
 CLAIM_RETRY_MAX = 30.0
 #: A queue whose jobs perform in less than this on average (seconds) claims ahead.
 LOOKAHEAD_BELOW = 0.05
+#: A job claimed ahead that waited longer than this for a slot (its queue's jobs turned long)
+#: is handed back instead of performed: the leader rescues a job that sits `executing` past
+#: its timeout plus `rescue_after`, even on a live runner, and performing it after such a
+#: rescue would run it twice. The runner lowers it to half its `rescue_after` when that is less.
+HOLD_LIMIT = 1.0
 #: Weight of the newest perform time in the running mean that decides it.
 _MEAN_WEIGHT = 0.2
 
@@ -115,6 +121,10 @@ class Producer(Service):
         #: Whether claiming ahead is allowed beside the queue's own settings; the runner says
         #: no while some worker has a global limit (its admission counts held jobs).
         self.may_look_ahead: Callable[[], bool] = lambda: True
+        #: Seconds a job claimed ahead may wait for a slot before it is handed back instead.
+        self.hold_limit = HOLD_LIMIT
+        #: Puts a held job back in the queue (available, attempt given back); None: perform it.
+        self.hand_back: Callable[[Job], Awaitable[None]] | None = None
         self.running: dict[int, tuple[Job, asyncio.Task[None]]] = {}
         self._performing = 0  # jobs of `running` past the slot gate
         self._waiting: OrderedDict[int, asyncio.Future[None]] = OrderedDict()
@@ -309,7 +319,11 @@ class Producer(Service):
         if self._performing < self.concurrency and not self._waiting:
             self._performing += 1
         else:
+            held_since = time.monotonic()
             await self._wait_for_slot(job.id)
+            if self.hand_back is not None and time.monotonic() - held_since > self.hold_limit:
+                await self._give_back(job)
+                return
         started = time.monotonic()
         try:
             await self._execute(job)
@@ -323,6 +337,19 @@ class Producer(Service):
             took = time.monotonic() - started
             mean = self._mean_perform
             self._mean_perform = took if mean is None else mean + _MEAN_WEIGHT * (took - mean)
+
+    async def _give_back(self, job: Job) -> None:
+        """Hand a job held too long back to the queue, and its slot to the next job. If the
+        write fails the job stays executing, unperformed, for the rescuer: never run twice."""
+        assert self.hand_back is not None
+        try:
+            await self.hand_back(job)
+        except Exception as exc:
+            log.warning("job %s, held past %.1fs, could not be handed back: %s; left for the "
+                        "rescuer", job.id, self.hold_limit, exc)  # fmt: skip
+        finally:
+            self.running.pop(job.id, None)
+            self._pass_slot()
 
     async def _wait_for_slot(self, job_id: int) -> None:
         """Wait, in claim order, until a finishing job hands its slot over."""

@@ -66,7 +66,7 @@ from shigoto.runtime.middleware import (
 )
 from shigoto.runtime.node import Heartbeat, new_node_id
 from shigoto.runtime.notifier import Notifier
-from shigoto.runtime.producer import Producer
+from shigoto.runtime.producer import HOLD_LIMIT, Producer
 from shigoto.runtime.pruner import Pruner
 from shigoto.runtime.rescuer import STUCK_AFTER, Rescuer
 from shigoto.runtime.sampler import Sampler
@@ -436,6 +436,10 @@ class Runner:
         running = [job.id for job in jobs if self._executor.still_running(job.id)]
         return back, running
 
+    async def _hand_back_held(self, job: Job) -> None:
+        """A job claimed ahead waited too long for a slot: back to the queue, unperformed."""
+        await self._put_back([job.id])
+
     async def _put_back(self, ids: list[int]) -> None:
         assert self._pool is not None
         for attempt in range(5):
@@ -504,6 +508,8 @@ class Runner:
         # A worker's global limit is checked at admission, counting every held job: jobs
         # claimed ahead would count against it before they run.
         producer.may_look_ahead = lambda: not self.limits.worker_limits()
+        producer.hold_limit = min(HOLD_LIMIT, self.settings.effective_rescue_after / 2)
+        producer.hand_back = self._hand_back_held
         if self.capacity is not None:
             producer.share = self.capacity.share
             producer.on_change = self.capacity.rebalance

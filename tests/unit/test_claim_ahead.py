@@ -108,37 +108,9 @@ async def test_queues_under_limits_do_not_claim_ahead() -> None:
         assert queue.most_held <= 10, setting
 
 
-async def test_a_job_cancelled_while_it_waits_for_a_slot_never_performs() -> None:
-    gate = asyncio.Event()
-    started: list[int] = []
-
-    async def claim(_queue: str, limit: int) -> list[Job]:
-        return [Job(id=i, queue="q", worker="w", args={}, state=JobState.EXECUTING, attempt=1)
-                for i in (1, 2, 3)][:limit]  # fmt: skip
-
-    async def execute(job: Job) -> None:
-        started.append(job.id)
-        await gate.wait()
-
-    producer = Producer("q", 1, claim=claim, execute=execute, poll_interval=60,
-                        claim_batch=3, node="n")  # fmt: skip
-    # Three held at once on one slot: what claiming ahead leaves waiting.
-    for job in await claim("q", 3):
-        producer._start(job)
-    await asyncio.sleep(0.01)
-    assert started == [1]
-    assert producer.waiting(2) and producer.waiting(3) and not producer.waiting(1)
-    assert producer.cancel_job(2)
-    await asyncio.sleep(0.01)
-    assert 2 not in producer.running and not producer.waiting(2)
-    gate.set()
-    await producer.wait_drained(1.0)
-    assert started == [1, 3]  # 2 never performed; 3 took the slot 1 handed over
-    assert producer.running == {}
-
-
-async def test_a_slot_handed_to_a_job_cancelled_at_that_moment_passes_on() -> None:
-    release = asyncio.Event()
+def held_on_one_slot(release: asyncio.Event) -> tuple[Producer, list[int]]:
+    """Jobs 1, 2 and 3 held at once by a producer of one slot, as claiming ahead leaves them:
+    1 performs until `release`, 2 and 3 wait. Returns the producer and the ids that started."""
     started: list[int] = []
 
     async def execute(job: Job) -> None:
@@ -151,10 +123,30 @@ async def test_a_slot_handed_to_a_job_cancelled_at_that_moment_passes_on() -> No
 
     producer = Producer("q", 1, claim=no_claim, execute=execute, poll_interval=60,
                         claim_batch=3, node="n")  # fmt: skip
-    jobs = [Job(id=i, queue="q", worker="w", args={}, state=JobState.EXECUTING, attempt=1)
-            for i in (1, 2, 3)]  # fmt: skip
-    for job in jobs:
-        producer._start(job)
+    for i in (1, 2, 3):
+        producer._start(Job(id=i, queue="q", worker="w", args={}, state=JobState.EXECUTING,
+                            attempt=1))  # fmt: skip
+    return producer, started
+
+
+async def test_a_job_cancelled_while_it_waits_for_a_slot_never_performs() -> None:
+    release = asyncio.Event()
+    producer, started = held_on_one_slot(release)
+    await asyncio.sleep(0.01)
+    assert started == [1]
+    assert producer.waiting(2) and producer.waiting(3) and not producer.waiting(1)
+    assert producer.cancel_job(2)
+    await asyncio.sleep(0.01)
+    assert 2 not in producer.running and not producer.waiting(2)
+    release.set()
+    await producer.wait_drained(1.0)
+    assert started == [1, 3]  # 2 never performed; 3 took the slot 1 handed over
+    assert producer.running == {}
+
+
+async def test_a_slot_handed_to_a_job_cancelled_at_that_moment_passes_on() -> None:
+    release = asyncio.Event()
+    producer, started = held_on_one_slot(release)
     await asyncio.sleep(0.01)
     release.set()  # 1 ends and hands its slot to 2 ...
     await asyncio.sleep(0)
@@ -168,27 +160,14 @@ async def test_a_job_held_past_the_hold_limit_is_handed_back_not_performed() -> 
     """Claimed ahead, then the jobs turned long: performing a job that sat `executing` that
     long could follow the leader's rescue of it, and run it twice."""
     release = asyncio.Event()
-    started: list[int] = []
     handed_back: list[int] = []
-
-    async def execute(job: Job) -> None:
-        started.append(job.id)
-        if job.id == 1:
-            await release.wait()
-
-    async def no_claim(_queue: str, _limit: int) -> list[Job]:
-        return []
 
     async def hand_back(job: Job) -> None:
         handed_back.append(job.id)
 
-    producer = Producer("q", 1, claim=no_claim, execute=execute, poll_interval=60,
-                        claim_batch=3, node="n")  # fmt: skip
+    producer, started = held_on_one_slot(release)
     producer.hold_limit = 0.05
     producer.hand_back = hand_back
-    for i in (1, 2, 3):
-        producer._start(Job(id=i, queue="q", worker="w", args={}, state=JobState.EXECUTING,
-                            attempt=1))  # fmt: skip
     await asyncio.sleep(0.1)  # 2 and 3 wait past the limit behind 1
     release.set()
     await producer.wait_drained(1.0)

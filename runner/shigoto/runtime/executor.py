@@ -296,14 +296,16 @@ class JobExecutor:
     def cancelled_unstarted(self, job: Job, reason: str) -> None:
         """An operator cancelled `job` while it waited, claimed ahead, for a slot: the same
         event and log line as a cancel mid-perform, with no perform to stop."""
-        self._cancel_requests[job.id] = reason
-        self._cancelled(job, 0.0)
+        self._report_cancel(job, 0.0, reason)
 
     def _cancelled(self, job: Job, duration: float) -> None:
         """The job's task was cancelled: by an operator's cancel, or by shutdown."""
         reason = self._cancel_requests.pop(job.id, None)
         if reason is None:
             return  # shutdown: the job is put back, not an outcome
+        self._report_cancel(job, duration, reason)
+
+    def _report_cancel(self, job: Job, duration: float, reason: str) -> None:
         telemetry.emit(
             "job.cancel", {"duration": duration},
             {"job": job, "node": self.node, "reason": reason, "source": "operator"},

@@ -330,9 +330,7 @@ class Producer(Service):
         finally:
             # In this order: the job stops counting, the producer wakes, then a job claimed
             # ahead takes the slot (see `wake`). `_finished` does the rest once the task ends.
-            self.running.pop(job.id, None)
-            if self._more_waiting and self.global_limit is None:
-                self.wake()
+            self._let_go(job.id)
             self._pass_slot()
             took = time.monotonic() - started
             mean = self._mean_perform
@@ -372,12 +370,16 @@ class Producer(Service):
                 return
         self._performing -= 1
 
-    def _finished(self, job_id: int) -> None:
+    def _let_go(self, job_id: int) -> None:
+        """`job_id` holds no slot here any more; wake the producer if work is likely waiting.
+        Under a global limit the finished job counts until its outcome is written: the wake-up
+        comes with the NOTIFY sent after that, not now."""
         self.running.pop(job_id, None)
-        # Under a global limit the finished job counts until its outcome is written: the wake-up
-        # comes with the NOTIFY sent after that, not now.
         if self._more_waiting and self.global_limit is None:
             self.wake()
+
+    def _finished(self, job_id: int) -> None:
+        self._let_go(job_id)  # a second time is harmless; a task cancelled unstarted needs it
         if not self.running:
             self._drained.set()
         self._changed()

@@ -345,9 +345,10 @@ class Runner:
             await asyncio.wait_for(notifier.connected.wait(), 10)
         except TimeoutError:
             log.warning("LISTEN connection not up after 10 s; relying on polling until it is")
-        log.info("runner %s started on the %s event loop", self.node, event_loop.current(),
+        loop_kind = event_loop.current()
+        log.info("runner %s started on the %s event loop", self.node, loop_kind,
                  extra={"node": self.node, "queues": dict(self.queues),
-                        "event_loop": event_loop.current()})  # fmt: skip
+                        "event_loop": loop_kind})  # fmt: skip
         self.ready.set()
         await self._stop.wait()
         await self._shutdown(services, notifier, heartbeat)

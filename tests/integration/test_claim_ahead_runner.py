@@ -22,23 +22,29 @@ WORKER = f"{__name__}.blink"
 
 
 @shigoto.worker
-async def blink(n: int) -> int:
-    await asyncio.sleep(0.003)
-    return n
+async def blink(ms: int) -> int:
+    await asyncio.sleep(ms / 1000)
+    return ms
 
 
 async def test_jobs_held_ahead_are_put_back_at_shutdown(
     db_url: str, conn: psycopg.Connection[Any]
 ) -> None:
-    shigoto.enqueue_many([{"worker": WORKER, "args": {"n": n}} for n in range(2000)])
+    # Short jobs first, so the runner claims ahead; then long ones, so that jobs claimed ahead
+    # are still waiting for a slot when the shutdown's deadline comes.
+    shigoto.enqueue_many([{"worker": WORKER, "args": {"ms": 3}}] * 300
+                         + [{"worker": WORKER, "args": {"ms": 3000}}] * 300)  # fmt: skip
     starts: Counter[int] = Counter()
     handle = telemetry.attach(lambda _e, _m, meta: starts.update([meta["job"].id]), ["job.start"])
     try:
-        async with running(db_url, {"default": 4}, shutdown_timeout=0.001) as runner:
+        # The deadline leaves a claim in flight time to return (its jobs are then held too),
+        # and cuts the long performs short.
+        async with running(db_url, {"default": 4}, shutdown_timeout=0.5) as runner:
             producer = runner.producers["default"]
-            # Stop at a moment when jobs wait, claimed ahead, for a slot.
-            await until(lambda: any(producer.waiting(i) for i in list(producer.running)),
-                        message="jobs held ahead of the slots")  # fmt: skip
+            held = await until(
+                lambda: [i for i in list(producer.running)
+                         if producer.waiting(i) and producer.running[i][0].args["ms"] == 3000],
+                message="long jobs held ahead of the slots")  # fmt: skip
             await runner.stop()
     finally:
         telemetry.detach(handle)
@@ -47,6 +53,10 @@ async def test_jobs_held_ahead_are_put_back_at_shutdown(
     ).fetchall()
     counts = {(state, attempt): n for state, attempt, n in rows}
     assert set(counts) <= {("available", 0), ("completed", 1)}, counts
-    assert sum(counts.values()) == 2000
-    assert counts.get(("completed", 1), 0) >= 1 and counts.get(("available", 0), 0) >= 1
+    assert sum(counts.values()) == 600
+    assert counts.get(("completed", 1), 0) >= 300  # every short job ran
+    back = conn.execute(
+        "SELECT count(*) FROM shigoto_jobs WHERE id = ANY(%s) AND state = 'available'"
+        " AND attempt = 0", (held,)).fetchone()  # fmt: skip
+    assert back == (len(held),)  # the held ones went back untouched
     assert max(starts.values()) == 1  # no job performed twice

@@ -23,6 +23,7 @@ from shigoto.db import fanout_statements, ops_statements, statements, stats_stat
 from shigoto.job import JobState
 from shigoto.relations import workflows
 from shigoto_operator import dbcounts
+from tests.support.plans import rows_read_from
 
 STATES = [s.value for s in JobState]
 FINISHED = ("completed", "discarded", "cancelled")
@@ -268,18 +269,6 @@ def test_status_on_the_busy_table_counts_what_is_there(
 # -- the leader's periodic reads ---------------------------------------------------------------
 
 
-def rows_read_from_jobs(plan: dict[str, Any]) -> int:
-    """Rows the executed plan took from shigoto_jobs: returned by its scans plus those their
-    filters removed (EXPLAIN ANALYZE's counts, never its timings)."""
-    read = 0
-    if plan.get("Relation Name") == "shigoto_jobs":
-        loops = plan.get("Actual Loops", 1)
-        read += (plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)) * loops
-    for child in plan.get("Plans", []):
-        read += rows_read_from_jobs(child)
-    return read
-
-
 def test_the_fanout_sweep_reads_only_the_jobs_of_fanout_queues(
     busy_table: psycopg.Connection[Any],
 ) -> None:
@@ -293,9 +282,9 @@ def test_the_fanout_sweep_reads_only_the_jobs_of_fanout_queues(
         fanout_statements.SWEEP_PICK, "public")
     row = busy_table.execute(pick, {"limit": 1000}).fetchone()
     assert row is not None
-    assert rows_read_from_jobs(row[0][0]["Plan"]) == 0  # no fan-out queue: no job read
+    assert rows_read_from(row[0][0]["Plan"]) == 0  # no fan-out queue: no job read
     busy_table.execute("INSERT INTO shigoto_queues (name, fanout) VALUES ('fan', true)")
     add_jobs(busy_table, "fan", "available", 3)
     row = busy_table.execute(pick, {"limit": 1000}).fetchone()
     assert row is not None
-    assert rows_read_from_jobs(row[0][0]["Plan"]) == 3
+    assert rows_read_from(row[0][0]["Plan"]) == 3

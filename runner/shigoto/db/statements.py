@@ -105,6 +105,12 @@ GROUP BY s.scope
 # One statement acknowledges a whole batch of outcomes. The guard (still executing, same
 # attempt, same node) makes it idempotent: a retried write, a job cancelled meanwhile or a job
 # rescued and re-claimed elsewhere is left untouched.
+# The guard is written `(...) IS TRUE` so that no index can serve it, leaving the batch's ids
+# as the only way into the table (one primary-key probe per outcome). Written plainly, it
+# matches shigoto_jobs_executing_idx; where the statistics say the table is (nearly) empty,
+# after a TRUNCATE or a bulk load not yet analysed, the prepared plan then walks all this
+# node's executing rows and rescans the whole batch for each: batch x executing row
+# comparisons, seconds per write, and it stays until the next ANALYZE.
 _COMPLETE = """
 UPDATE {jobs} AS j
 SET state = u.state,
@@ -122,8 +128,8 @@ FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(states)s::text[], %(delays
             %(results)s::jsonb[], %(errors)s::jsonb[], %(snoozes)s::bool[],
             %(progresses)s::int[])
      AS u(id, attempt, state, delay, result, error, snooze, progress)
-WHERE j.id = u.id AND j.state = {executing} AND j.attempt = u.attempt
-  AND j.attempted_by = %(node)s
+WHERE j.id = u.id AND j.attempt = u.attempt
+  AND (j.state = {executing} AND j.attempted_by = %(node)s) IS TRUE
 RETURNING j.id
 """
 

@@ -10,12 +10,14 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 import shigoto
 from shigoto.client import jobs as job_api
 from shigoto.db import inserts
 from shigoto.db.migrate import load_migrations
 from shigoto.encryption import ENV_VAR, DecryptionError, Key, KeyRing, is_envelope, sealing
+from shigoto.ops import operations as ops
 from tests.support import encryption_workers
 from tests.support.in_process import running
 from tests.support.waiting import db_now, until
@@ -395,3 +397,35 @@ def test_migration_0019_makes_the_listing_indexes_and_runs_again_unchanged(
     migration = next(m for m in load_migrations() if m.version == 19)
     conn.execute(migration.sql)  # type: ignore[arg-type]
     assert listing_indexes() == LISTING_INDEXES
+
+
+# -- migration 0022 -----------------------------------------------------------------------------
+
+
+def _index_scans(plan: dict[str, Any]) -> set[str]:
+    found = {plan["Index Name"]} if "Index Name" in plan else set()
+    return found.union(*(_index_scans(child) for child in plan.get("Plans", [])))
+
+
+def test_the_tags_index_holds_tagged_jobs_only_and_both_tag_filters_can_use_it(
+    conn: psycopg.Connection,
+) -> None:
+    """Untagged jobs pay no GIN entry (migration 0022); the partial index is usable only by
+    a filter that repeats its predicate, so both filters' texts are planned here, with the
+    table scan priced out as it is on a big table."""
+    shigoto.enqueue_many([{"worker": "app.w"} for _ in range(200)])
+    vip = shigoto.enqueue("app.w", tags=["vip"])
+    definitions = dict(conn.execute("SELECT indexname, indexdef FROM pg_indexes").fetchall())
+    assert "WHERE (cardinality(tags) > 0)" in definitions["shigoto_jobs_tagged_idx"]
+    assert "shigoto_jobs_tags_idx" not in definitions
+
+    conn.execute("SET enable_seqscan = off")
+    for where, params in (job_api.JobFilter(tag="vip").where(), ops.Filter(tag="vip").where()):
+        query = sql.SQL("SELECT id FROM shigoto_jobs WHERE ") + where
+        plan = conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + query, params).fetchone()
+        assert "shigoto_jobs_tagged_idx" in _index_scans(plan[0][0]["Plan"])  # type: ignore[index]
+        assert conn.execute(query, params).fetchall() == [(vip.id,)]
+
+    migration = next(m for m in load_migrations() if m.version == 22)
+    conn.execute(migration.sql)  # type: ignore[arg-type]
+    assert _all(tag="vip") == {vip.id}

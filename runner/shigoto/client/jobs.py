@@ -301,7 +301,8 @@ class JobFilter:
             # Exact names only: an equality the listing index (worker, id) can serve.
             ("worker = %(worker)s", "worker", self.worker),
             ("state = ANY(%(states)s)", "states", self.states or None),
-            ("tags @> ARRAY[%(tag)s]::text[]", "tag", self.tag),
+            # The second half is the tags index's predicate (migration 0022).
+            ("tags @> ARRAY[%(tag)s]::text[] AND cardinality(tags) > 0", "tag", self.tag),
             ("args @> %(args_contains)s", "args_contains",
              None if self.args_contains is None else Jsonb(self.args_contains)),
             ("inserted_at > %(inserted_after)s", "inserted_after", self.inserted_after),

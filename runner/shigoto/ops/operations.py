@@ -62,7 +62,8 @@ class Filter:
             params["worker"] = self.worker
             params["worker_len"] = len(self.worker) + 1
         if self.tag:
-            parts.append(sql.SQL("tags @> ARRAY[%(tag)s]::text[]"))
+            # The second half is the tags index's predicate (migration 0022).
+            parts.append(sql.SQL("tags @> ARRAY[%(tag)s]::text[] AND cardinality(tags) > 0"))
             params["tag"] = self.tag
         if self.state:
             parts.append(sql.SQL("state = %(state)s"))

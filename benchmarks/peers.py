@@ -173,7 +173,7 @@ async def _shigoto_pickup(url: str, args: argparse.Namespace) -> dict[str, Any]:
     async def noop(n: int) -> None:
         started[n] = time.perf_counter()
 
-    runner = Runner({QUEUE: 10}, database_url=url, auto_migrate=False)
+    runner = Runner({QUEUE: 10}, database_url=url, auto_migrate=False, freeze_heap=True)
     task = asyncio.create_task(runner.run())
     await runner.ready.wait()
     await asyncio.sleep(0.3)

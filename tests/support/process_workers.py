@@ -8,6 +8,7 @@ outside the process, that a perform has begun or has run to its end. Standard li
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 from pathlib import Path
@@ -68,6 +69,12 @@ def echo(**args: Any) -> dict[str, Any]:
 async def loop_kind() -> str:
     """The module of the event loop this async perform runs on ("uvloop" or "asyncio")."""
     return type(asyncio.get_running_loop()).__module__.split(".")[0]
+
+
+@shigoto.worker
+async def frozen_objects() -> int:
+    """How many objects this process has moved out of the cyclic collector's reach."""
+    return gc.get_freeze_count()
 
 
 @shigoto.worker

@@ -247,8 +247,9 @@ def measure_single(url: str, cfg: BenchConfig, progress: Progress) -> dict[str, 
 def _runner(url: str, cfg: BenchConfig) -> Any:
     from shigoto.runtime.runner import Runner
 
+    # As `shigoto run` starts one: its start-up heap frozen (shigoto.runtime.heap).
     return Runner({QUEUE: cfg.concurrency}, database_url=url, schema=cfg.schema,
-                  auto_migrate=False)  # fmt: skip
+                  auto_migrate=False, freeze_heap=True)  # fmt: skip
 
 
 async def _process(url: str, cfg: BenchConfig, advance: Callable[..., None]) -> dict[str, Any]:

@@ -450,7 +450,7 @@ def _runner(args: argparse.Namespace) -> Any:
         worker_prefixes=config.worker_prefixes(args.worker_prefixes),
         max_stuck_threads=args.max_stuck_threads, callback_timeout=args.callback_timeout,
         stuck_after=args.stuck_after, capacity=args.capacity, shed_target=args.shed_target,
-        shed_interval=args.shed_interval, **retention,
+        shed_interval=args.shed_interval, freeze_heap=True, **retention,
     )  # fmt: skip
 
 

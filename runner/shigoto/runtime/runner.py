@@ -55,6 +55,7 @@ from shigoto.runtime.executor import (
     Undecodable,
 )
 from shigoto.runtime.flow_control import FlowControl
+from shigoto.runtime.heap import freeze_startup_heap
 from shigoto.runtime.limiter import Limiter
 from shigoto.runtime.middleware import (
     GlobalLimits,
@@ -162,6 +163,7 @@ class Runner:
         capacity: int | None = None,
         shed_target: float | None = None,
         shed_interval: float = SHED_INTERVAL,
+        freeze_heap: bool = False,
         **overrides: Any,
     ) -> None:
         self.url = config.database_url(database_url)
@@ -187,6 +189,8 @@ class Runner:
         self.stuck_reason: str | None = None
         self.node = node_id or new_node_id()
         self.auto_migrate = auto_migrate
+        #: Freeze the start-up heap before serving (shigoto.runtime.heap): `shigoto run` does.
+        self.freeze_heap = freeze_heap
         self.cron_schedules = list(cron_schedules)
         self.cron = cron or bool(self.cron_schedules)
         self.clock = clock
@@ -247,6 +251,8 @@ class Runner:
         self.limiter.pool = pool
         try:
             await self._check_schema(pool)
+            if self.freeze_heap:  # the worker modules are imported: start-up is over
+                log.debug("froze %d start-up objects", freeze_startup_heap())
             if self.global_concurrency:
                 async with pool.connection() as conn:
                     await write_limits(conn, self.schema, self.global_concurrency)

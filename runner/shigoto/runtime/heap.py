@@ -3,10 +3,10 @@
 Everything a runner's start-up creates (the interpreter's own objects, Shigoto, the worker
 modules and all they import) lives as long as the process, yet every full (generation 2)
 collection walks all of it again. Those collections run on the loop thread, so each is a pause
-for every job in flight: 34 ms at worst in the bench's processing phase, and more with a large
-application imported. Freezing the start-up heap once (`gc.freeze`) leaves the collector only
-the objects jobs create: the worst pause fell to 2 ms and the runner's CPU per job by about a
-tenth (docs/benchmarks.md, "Third sitting").
+for every job in flight: 13 to 34 ms each in the bench's processing phase, and more with a
+large application imported. Freezing the start-up heap once (`gc.freeze`) leaves the collector
+only the objects jobs create: those passes then took under 1 ms, and the collector's time per
+run halved (docs/benchmarks.md, "Third sitting").
 
 It is a process-wide act, so the process's owner decides: `shigoto run` and `shigoto bench`
 freeze; a runner embedded in someone else's process does not unless asked (`Runner(...,

@@ -20,6 +20,7 @@ from shigoto.encryption import ENV_VAR, DecryptionError, Key, KeyRing, is_envelo
 from shigoto.ops import operations as ops
 from tests.support import encryption_workers
 from tests.support.in_process import running
+from tests.support.plans import indexes_used
 from tests.support.waiting import db_now, until
 
 pytestmark = pytest.mark.usefixtures("db_url")
@@ -402,11 +403,6 @@ def test_migration_0019_makes_the_listing_indexes_and_runs_again_unchanged(
 # -- migration 0022 -----------------------------------------------------------------------------
 
 
-def _index_scans(plan: dict[str, Any]) -> set[str]:
-    found = {plan["Index Name"]} if "Index Name" in plan else set()
-    return found.union(*(_index_scans(child) for child in plan.get("Plans", [])))
-
-
 def test_the_tags_index_holds_tagged_jobs_only_and_both_tag_filters_can_use_it(
     conn: psycopg.Connection,
 ) -> None:
@@ -423,7 +419,7 @@ def test_the_tags_index_holds_tagged_jobs_only_and_both_tag_filters_can_use_it(
     for where, params in (job_api.JobFilter(tag="vip").where(), ops.Filter(tag="vip").where()):
         query = sql.SQL("SELECT id FROM shigoto_jobs WHERE ") + where
         plan = conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + query, params).fetchone()
-        assert "shigoto_jobs_tagged_idx" in _index_scans(plan[0][0]["Plan"])  # type: ignore[index]
+        assert "shigoto_jobs_tagged_idx" in indexes_used(plan[0][0]["Plan"])  # type: ignore[index]
         assert conn.execute(query, params).fetchall() == [(vip.id,)]
 
     migration = next(m for m in load_migrations() if m.version == 22)

@@ -22,3 +22,9 @@ def rows_compared_in_joins(plan: dict[str, Any]) -> int:
     """Row pairs the plan's joins tried and threw away (their join filters' removed rows)."""
     thrown = plan.get("Rows Removed by Join Filter", 0) * plan.get("Actual Loops", 1)
     return thrown + sum(rows_compared_in_joins(child) for child in plan.get("Plans", []))
+
+
+def indexes_used(plan: dict[str, Any]) -> set[str]:
+    """The indexes the plan reads, at any depth."""
+    found = {plan["Index Name"]} if "Index Name" in plan else set()
+    return found.union(*(indexes_used(child) for child in plan.get("Plans", [])))

@@ -1,17 +1,26 @@
-"""Workers for the rate-limit and circuit-breaker tests, in runner subprocesses and in-process.
+"""Workers for the rate-limit, circuit-breaker and load-shedding tests, in runner subprocesses
+and in-process.
 
 Start times come from the jobs' own `attempted_at`, so most performs do nothing. The breaker's
 worker fails while a flag row says so, which every runner process reads from the database.
+The shedding workers record each attempt's start and end (tests/support/attempts.py); with
+`SHIGOTO_TEST_SHED_LOG` set, the runner process importing this module also writes its load
+shedding decisions and claims, in the order they happened, to a file in that folder (see
+`record_shedding`).
 """
 
 from __future__ import annotations
 
 import os
+import time
+from typing import Any
 
 import psycopg
 
 import shigoto
+from shigoto import telemetry
 from shigoto.flow.rate_limit import ALGORITHMS
+from tests.support.attempts import recorded
 
 #: Five per second (one window of 1 s), for every algorithm: `fast_<algorithm>`.
 FAST = {alg: shigoto.RateLimit(5, 1.0, algorithm=alg) for alg in ALGORITHMS}
@@ -90,3 +99,47 @@ def classified() -> None:
     """Fails with `RAISE[0]` when set; only ConnectionError counts against its breaker."""
     if RAISE:
         raise RAISE[0]
+
+
+@shigoto.worker(queue="shed", max_attempts=1)
+@recorded
+async def loop_hog(ms: int = 20) -> None:
+    """A real overload: an `async` perform that computes (here: sleeps) without awaiting holds
+    the runner's event loop, so every job claimed behind it waits to start; a handful of them
+    at once keeps claim-to-start latency above any small target for as long as they come."""
+    time.sleep(ms / 1000)
+
+
+@shigoto.worker(queue="shed", max_attempts=1)
+@recorded
+async def urgent() -> None:
+    """The high-priority work a shedding runner keeps claiming; costs nothing itself."""
+
+
+SHED_LOG = "SHIGOTO_TEST_SHED_LOG"
+
+
+def _shed_line(event: str, meta: dict[str, Any]) -> str:
+    if event == "shed.change":
+        return f"shed {meta['min_priority']}"
+    if event == "producer.claim":
+        return "claim"
+    return f"job {meta['job'].priority}"
+
+
+def record_shedding(folder: str) -> None:
+    """Append this process's `shed.change` events (`shed <floor>`), claims (`claim`) and the
+    priority of each job claimed (`job <priority>`, after its claim's line) to one file, in
+    the order the runner's loop emitted them: which floor every claim was made under is then
+    read from the runner itself, with no clocks to compare."""
+    path = os.path.join(folder, f"{os.getpid()}.shed")
+
+    def write(event: str, _measurements: dict[str, Any], meta: dict[str, Any]) -> None:
+        with open(path, "a", encoding="ascii") as fh:
+            fh.write(_shed_line(event, meta) + "\n")
+
+    telemetry.attach(write, ["shed.change", "producer.claim", "job.claim"])
+
+
+if os.environ.get(SHED_LOG):
+    record_shedding(os.environ[SHED_LOG])

@@ -106,6 +106,36 @@ def test_a_spike_during_recovery_restarts_its_interval() -> None:
     assert codel.observe(0.01, 3.2) == 0
 
 
+def test_a_lull_shorter_than_the_interval_is_no_evidence() -> None:
+    """Issue 21, case 7: a saturated runner has a free slot between each job ending and the
+    claim that refills it; such a lull must not end an above-target spell."""
+    codel = controller()
+    codel.observe(0.5, 0.0)
+    assert codel.idle(0.5, 0.9) == 0
+    assert codel.first_above == 1.0
+    assert codel.observe(0.5, 1.0) == 1
+
+
+def test_a_whole_interval_idle_ends_an_above_spell() -> None:
+    codel = controller()
+    codel.observe(0.5, 0.0)
+    codel.idle(0.1, 1.1)  # nothing waited from 0.1 on: no standing queue
+    assert codel.first_above is None
+    assert codel.observe(0.5, 1.2) == 0
+
+
+def test_idleness_steps_down_one_level_per_interval() -> None:
+    codel = controller(max_level=3)
+    feed(codel, 0.5, 0.0, 10.0)
+    assert codel.level == 3
+    assert codel.idle(10.0, 10.9) == 3  # not a whole interval yet
+    assert codel.idle(10.0, 11.0) == 2
+    assert codel.idle(10.0, 11.5) == 2  # the next step needs another whole interval
+    assert codel.idle(10.0, 12.0) == 1
+    assert codel.idle(10.0, 13.0) == 0
+    assert not codel.shedding and codel.count == 0
+
+
 def test_the_shortest_sample_is_remembered_for_the_event() -> None:
     codel = controller()
     codel.observe(0.3, 0.0)
@@ -181,7 +211,8 @@ async def test_the_runtime_raises_the_floor_announces_it_and_takes_it_back() -> 
         await start(3, 10, 0.6)  # 1.4 s without a sample below target: one band shed
         assert producer.min_priority == 10
         await start(4, 10, 0.01)
-        await shedding.run_once()  # a start since the last tick: the samples speak
+        await shedding.run_once()  # idle since that start, but not for an interval yet
+        assert producer.min_priority == 10
         clock.now += 1.0
         await shedding.run_once()  # idle with room for a whole interval: the band comes back
         assert producer.min_priority is None
@@ -191,3 +222,34 @@ async def test_the_runtime_raises_the_floor_announces_it_and_takes_it_back() -> 
         (True, 10), (False, None),
     ]  # fmt: skip
     assert events[0][0] == {"latency": pytest.approx(0.6), "target": TARGET}
+
+
+async def test_a_free_slot_between_slow_starts_does_not_reset_a_standing_overload() -> None:
+    """Issue 21, case 7: every job waits 0.3 s (above target), one starts every 0.5 s, and
+    between a start and the next claim the ticks find a free slot and nothing waiting. Those
+    ticks fed a zero sample, which reset the above-target clock every cycle: never shed."""
+    clock, producer = Clock(), shedding_producer()
+    shedding = Shedding(TARGET, lambda: {"shed": producer}, "n", interval=INTERVAL,
+                        monotonic=clock)  # fmt: skip
+    shedding.bands["shed"] = {0, 10}
+    for job_id in range(6):
+        shedding.claimed([job(job_id, 0)])
+        clock.now += 0.3
+        await shedding(job(job_id, 0), lambda _j: asyncio.sleep(0))
+        for _ in range(2):
+            clock.now += 0.1
+            await shedding.run_once()
+    assert producer.min_priority == 10
+
+
+async def test_a_job_waits_from_the_moment_its_claim_was_asked() -> None:
+    """A saturated event loop answers the claim itself late: the job that then fills a free
+    slot starts at once after the claim returns, but it waited since the runner asked."""
+    clock, producer = Clock(), shedding_producer()
+    shedding = Shedding(TARGET, lambda: {"shed": producer}, "n", interval=INTERVAL,
+                        monotonic=clock)  # fmt: skip
+    asked = clock.now
+    clock.now += 0.25  # the claim's round trips, each behind performs holding the loop
+    shedding.claimed([job(1, 0)], asked)
+    await shedding(job(1, 0), lambda _j: asyncio.sleep(0))
+    assert shedding.controller.recent_min == pytest.approx(0.25)

@@ -19,6 +19,11 @@ priority band it still claims. So:
   below target (and of none above it), one level less, and so on each interval down to 0.
   Dropping back more slowly than CoDel itself (which leaves its dropping state at once) keeps
   a runner from flapping between shedding a band and flooding itself with it again.
+- idle: CoDel leaves its dropping state when the queue empties; here `idle(since, now)` says
+  nothing waited from `since` to `now`, which counts as below target all along, but only once
+  it lasted a whole `interval`. A shorter lull is no evidence: a saturated runner has one
+  between every job ending and the claim that refills its slot, and taking it for a sample
+  below target reset the enter clock of a standing overload every time (issue 21).
 
 `level_floor` turns a level into the lowest priority to claim, over the priorities present.
 
@@ -107,6 +112,17 @@ class CoDel:
         self.level += 1
         self.next_step = now + self.interval / math.sqrt(self.count)
         self.recent_min = math.inf
+
+    def idle(self, since: float, now: float) -> int:
+        """Nothing waited to start from `since` to `now`; return the level after it. Below
+        target over the whole span if it lasted an interval (so it may end an above-target
+        spell and step down); nothing at all if shorter."""
+        if now - since < self.interval:
+            return self.level
+        if self.level > 0 and self.below_since is None:
+            self.below_since = since
+        self._below(now)
+        return self.level
 
     def _below(self, now: float) -> None:
         self.first_above = None

@@ -1,11 +1,16 @@
 """Load shedding: an overloaded runner stops claiming its queues' lowest priorities first.
 
-The signal is claim-to-start latency: from the moment a claim hands this runner a job to the
-moment its perform starts. A runner that keeps up starts what it claims at once; one whose
-event loop or CPU is saturated, or whose middlewares wait on a busy database, lets claimed
-jobs wait, and every job it claims adds to the wait. The sample is taken at the end of the
-execution chain, right where the executor calls the perform (an `async def` perform starts
-there; a sync one is handed to a thread that starts at once, never queued: see
+The signal is claim-to-start latency: from the moment this runner asks for a job (the claim
+that returns it starts) to the moment its perform starts. A runner that keeps up starts what it
+claims within a claim's round trip; one whose event loop or CPU is saturated, or whose
+middlewares wait on a busy database, lets claimed jobs wait, and every job it claims adds to
+the wait. The wait starts at the ask, not when the claim returns: a saturated event loop answers
+its own claims late (each of the claim's round trips waits behind the performs holding the
+loop), and the first job of each batch then fills a free slot and starts at once, so measured
+from the return it showed no wait at all, and even the shortest sample of every interval
+stayed below target under a standing overload (issue 21). The sample is taken at the end of
+the execution chain, right where the executor calls the perform (an `async def` perform
+starts there; a sync one is handed to a thread that starts at once, never queued: see
 `runtime.threads`), so everything that held the job up on this runner is in it.
 
 `shigoto.flow.codel.CoDel` decides from the samples how many priority bands to shed: while even
@@ -16,10 +21,14 @@ priorities this runner has claimed in each queue; the highest is never shed. She
 once it recovers or for any other runner now: nothing is lost or delayed past the overload.
 Every change of a queue's floor emits `shed.change`.
 
-A tick every quarter interval also feeds the controller when no perform starts: the age of
-the oldest claimed job still waiting (a stalled runner is the worst latency, not the absence
-of one), or zero when nothing waits, nothing started and some queue has a free slot (a runner
-with room that claims nothing is not overloaded; its floors may be what keeps work away).
+A tick every quarter interval also feeds the controller when no perform starts. A stall is
+latency: the oldest claimed job still waiting, once it has waited past the target (its sojourn
+will be at least that; a younger one says nothing yet). Idleness is recovery: a runner with
+room in some queue, nothing waiting and nothing starting for a whole interval is not
+overloaded (its floors may be what keeps work away), and `CoDel.idle` counts that span as below
+target. A free slot alone is not idleness: a saturated runner has one between every job ending
+and the claim that refills it, and taking each for a zero sample reset the controller's
+above-target clock before it ever ran an interval (issue 21).
 """
 
 from __future__ import annotations
@@ -65,15 +74,18 @@ class Shedding(Service):
         self.waiting: dict[int, float] = {}
         #: Priorities claimed so far, by queue: the bands shedding steps over.
         self.bands: dict[str, set[int]] = {}
-        self._started_since_tick = False
+        #: The last moment the runner was seen with work (a start, a claimed job waiting, every
+        #: slot taken); None before the first tick. Idleness is measured from it.
+        self._busy_at: float | None = None
 
     # -- the job path ---------------------------------------------------------------------
 
-    def claimed(self, jobs: Iterable[Job]) -> None:
-        """A claim returned these jobs: their wait starts now."""
-        now = self.monotonic()
+    def claimed(self, jobs: Iterable[Job], asked: float | None = None) -> None:
+        """A claim returned these jobs: their wait started when it was `asked` (this
+        controller's `monotonic()` as the claim began; default now)."""
+        since = self.monotonic() if asked is None else asked
         for job in jobs:
-            self.waiting[job.id] = now
+            self.waiting[job.id] = since
             self.bands.setdefault(job.queue, set()).add(job.priority)
 
     def forget(self, job_id: int) -> None:
@@ -84,20 +96,25 @@ class Shedding(Service):
         """The innermost middleware: the perform starts right after this sample."""
         claimed_at = self.waiting.pop(job.id, None)
         if claimed_at is not None:
-            self._started_since_tick = True
-            self.observe(self.monotonic() - claimed_at)
+            now = self.monotonic()
+            self._busy_at = now
+            self.observe(now - claimed_at)
         return await call_next(job)
 
     # -- the controller ---------------------------------------------------------------------
 
     async def run_once(self) -> int:
-        """Feed the controller when starts do not: the oldest wait, or zero when idle."""
+        """Feed the controller when starts do not: a stall past the target, or idleness."""
         now = self.monotonic()
-        started, self._started_since_tick = self._started_since_tick, False
         if self.waiting:
-            self.observe(now - min(self.waiting.values()))
-        elif not started and self._has_room():
-            self.observe(0.0)
+            self._busy_at = now
+            oldest = now - min(self.waiting.values())
+            if oldest >= self.controller.target:
+                self.observe(oldest)
+        elif not self._has_room() or self._busy_at is None:
+            self._busy_at = now
+        else:
+            self.idle(self._busy_at, now)
         return self.controller.level
 
     def _has_room(self) -> bool:
@@ -107,9 +124,19 @@ class Shedding(Service):
         return any(p.free > 0 and p.claimable for p in self._producers().values())
 
     def observe(self, latency: float) -> None:
-        self.controller.max_level = max((len(b) - 1 for b in self.bands.values()), default=0)
+        self._bound_level()
         self.controller.observe(latency, self.monotonic())
         self.apply(latency)
+
+    def idle(self, since: float, now: float) -> None:
+        """Nothing waited or started since `since`: recovery, if that lasted an interval."""
+        self._bound_level()
+        self.controller.idle(since, now)
+        self.apply(0.0)
+
+    def _bound_level(self) -> None:
+        """No more levels than bands to shed in the queue that has the most."""
+        self.controller.max_level = max((len(b) - 1 for b in self.bands.values()), default=0)
 
     def apply(self, latency: float) -> None:
         """Move each producer's floor to what the controller's level says; announce changes."""

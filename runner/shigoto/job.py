@@ -33,7 +33,7 @@ JOB_COLUMNS = (
     "id", "queue", "worker", "args", "state", "priority", "attempt", "max_attempts", "timeout",
     "scheduled_at", "inserted_at", "attempted_at", "completed_at", "finished_at", "attempted_by",
     "errors", "result", "tags", "meta", "progress", "unique_key", "depends_on",
-    "on_parent_failure", "batch_id", "partition_key",
+    "on_parent_failure", "batch_id", "partition_key", "cancel_requested_at",
 )  # fmt: skip
 
 
@@ -69,6 +69,9 @@ class Job:
     batch_id: int | None = None
     #: The partition (a tenant, an account) for fair claims and per-partition flow control.
     partition_key: str | None = None
+    #: When an operator asked to cancel this job while it was executing (migration 0023): it
+    #: stays `executing` until its runner has stopped the perform and recorded `cancelled`.
+    cancel_requested_at: datetime | None = None
     #: Not a column: True when an enqueue returned this existing job instead of inserting a
     #: new one (its unique key was taken). Fields after the columns keep `from_values`
     #: positional.

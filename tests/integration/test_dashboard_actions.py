@@ -195,6 +195,26 @@ def test_an_action_on_the_wrong_state_is_409_and_writes_nothing(
     assert snapshot(conn) == before
 
 
+def test_retrying_a_child_whose_parent_still_runs_is_409_and_a_completed_job_retries(
+    dashboard: Dashboard, conn: psycopg.Connection[Any]
+) -> None:
+    """The button names the job's own state (so a completed job re-runs), but no retry starts a
+    workflow child before its parents: that refusal says so, instead of blaming its state."""
+    parent = shigoto.enqueue("app.w", {"n": 1})
+    set_state(conn, parent.id, "executing")
+    child = shigoto.enqueue("app.w", {"n": 2}, depends_on=[parent.id])
+    shigoto.cancel_by(ids=[child.id])  # cancelled while it waited: its parent still runs
+    before = snapshot(conn)
+    answer = post(dashboard, f"/api/jobs/{child.id}/retry")
+    assert answer.status == 409
+    assert "depends on jobs that have not finished" in answer.json()["error"]
+    assert snapshot(conn) == before
+    done = shigoto.enqueue("app.w", {"n": 3})
+    set_state(conn, done.id, "completed")
+    assert post(dashboard, f"/api/jobs/{done.id}/retry").status == 200
+    assert state(conn, done.id) == "available"
+
+
 def test_unknown_jobs_and_verbs(dashboard: Dashboard) -> None:
     assert post(dashboard, "/api/jobs/987654/retry").status == 404
     assert post(dashboard, "/api/jobs/abc/retry").status == 400

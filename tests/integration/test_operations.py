@@ -64,7 +64,7 @@ def test_status_of_an_empty_database() -> None:
     assert st.counts == {} and st.nodes == []
     assert st.as_dict() == {
         "queues": {}, "nodes": [], "cron": [], "workflows": [], "waiting_on_parents": 0,
-        "breakers": [],
+        "breakers": [], "cancelling": [],
     }  # fmt: skip
 
 
@@ -209,29 +209,36 @@ def test_retry_by_gives_a_by_name_job_one_more_run(conn: psycopg.Connection[Any]
 def test_retry_by_filters_combine_and_skip_waiting_or_running_jobs(
     conn: psycopg.Connection[Any],
 ) -> None:
+    """Without a state only discarded and cancelled jobs are taken; other states by name."""
     jobs = shigoto.enqueue_many([
-        {"worker": "w.a", "queue": "q1", "tags": ["red"]},   # 0 retryable  -> retried
-        {"worker": "w.a", "queue": "q1", "tags": ["red"]},   # 1 completed  -> retried
+        {"worker": "w.a", "queue": "q1", "tags": ["red"]},   # 0 discarded  -> retried
+        {"worker": "w.a", "queue": "q1", "tags": ["red"]},   # 1 cancelled  -> retried
         {"worker": "w.a", "queue": "q1", "tags": ["blue"]},  # 2 discarded, other tag
         {"worker": "w.b", "queue": "q1", "tags": ["red"]},   # 3 cancelled, other worker
         {"worker": "w.a", "queue": "q2", "tags": ["red"]},   # 4 discarded, other queue
         {"worker": "w.a", "queue": "q1", "tags": ["red"]},   # 5 available: left alone
         {"worker": "w.a", "queue": "q1", "tags": ["red"]},   # 6 executing: left alone
+        {"worker": "w.a", "queue": "q1", "tags": ["red"]},   # 7 retryable: only by name
+        {"worker": "w.a", "queue": "q1", "tags": ["red"]},   # 8 completed: only by name
     ])  # fmt: skip
     ids = [j.id for j in jobs]
-    set_state(conn, "retryable", ids[0])
-    set_state(conn, "completed", ids[1])
-    set_state(conn, "discarded", ids[2], ids[4])
-    set_state(conn, "cancelled", ids[3])
+    set_state(conn, "discarded", ids[0], ids[2], ids[4])
+    set_state(conn, "cancelled", ids[1], ids[3])
     set_state(conn, "executing", ids[6])
+    set_state(conn, "retryable", ids[7])
+    set_state(conn, "completed", ids[8])
     assert shigoto.retry_by(queue="q1", worker="w.a", tag="red") == [ids[0], ids[1]]
     assert [state(conn, i) for i in ids] == [
         "available", "available", "discarded", "cancelled", "discarded", "available", "executing",
+        "retryable", "completed",
     ]  # fmt: skip
-    assert row(conn, ids[1])["completed_at"] is None
+    assert row(conn, ids[0])["finished_at"] is None
     assert shigoto.retry_by(state="discarded") == [ids[2], ids[4]]
     assert shigoto.retry_by(worker="w.b") == [ids[3]]
     assert shigoto.retry_by(ids=[ids[5], ids[6]]) == []
+    assert shigoto.retry_by(queue="q1", state="retryable") == [ids[7]]
+    assert shigoto.retry_by(queue="q1", state="completed") == [ids[8]]
+    assert row(conn, ids[8])["completed_at"] is None
 
 
 def test_retry_by_makes_scheduled_jobs_run_now_and_wakes_runners(
@@ -240,7 +247,8 @@ def test_retry_by_makes_scheduled_jobs_run_now_and_wakes_runners(
     job = shigoto.enqueue("w", queue="later", schedule_in=3600)
     with psycopg.connect(db_url, autocommit=True) as listener:
         listener.execute("LISTEN shigoto_insert")
-        assert shigoto.retry_by(queue="later") == [job.id]
+        assert shigoto.retry_by(queue="later") == []  # a scheduled job runs by itself...
+        assert shigoto.retry_by(queue="later", state="scheduled") == [job.id]  # ...or now
         note = next(listener.notifies(timeout=20))
     assert note.payload == "public.later"
     r = row(conn, job.id)
@@ -274,13 +282,24 @@ def test_cancel_by_cancels_unfinished_jobs_only(conn: psycopg.Connection[Any]) -
     set_state(conn, "discarded", ids[4])
     set_state(conn, "executing", ids[5])
     assert shigoto.cancel_by(tag="t", reason="shop closed") == [ids[0], ids[1], ids[2], ids[5]]
+    # The executing one is asked to stop: its runner writes `cancelled` once it has stopped.
     assert [state(conn, i) for i in ids] == [
-        "cancelled", "cancelled", "cancelled", "completed", "discarded", "cancelled",
+        "cancelled", "cancelled", "cancelled", "completed", "discarded", "executing",
     ]  # fmt: skip
     r = row(conn, ids[0])
     assert r["finished_at"] is not None
     assert r["errors"][-1]["error"] == "Cancelled: shop closed"
+    assert r["cancel_requested_at"] is None
+    asked = row(conn, ids[5])
+    assert asked["cancel_requested_at"] is not None and asked["finished_at"] is None
+    assert (asked["cancel_reason"], asked["errors"]) == ("shop closed", [])
     assert row(conn, ids[3])["errors"] == []
+    # Asked again, the request keeps its first time and reason.
+    assert shigoto.cancel_by(queue="q", reason="again") == [ids[5]]
+    again = row(conn, ids[5])
+    assert (again["cancel_requested_at"], again["cancel_reason"]) == (
+        asked["cancel_requested_at"], "shop closed")  # fmt: skip
+    set_state(conn, "completed", ids[5])
     assert shigoto.cancel_by(queue="q") == []  # nothing left to cancel
     assert shigoto.drain_queue("q") == {}  # cancelled jobs are never claimed
 
@@ -294,11 +313,15 @@ def test_cancel_by_queue_worker_and_state(conn: psycopg.Connection[Any]) -> None
     assert [state(conn, j.id) for j in (a, b, c)] == ["cancelled", "available", "cancelled"]
 
 
-def test_cancel_by_notifies_runners_of_each_cancelled_job(db_url: str) -> None:
-    jobs = shigoto.enqueue_many([{"worker": "w"}] * 2)
+def test_cancel_by_notifies_runners_of_each_executing_job(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    *jobs, waiting = shigoto.enqueue_many([{"worker": "w"}] * 3)
+    for job in jobs:
+        set_state(conn, "executing", job.id)
     with psycopg.connect(db_url, autocommit=True) as listener:
         listener.execute("LISTEN shigoto_cancel")
-        shigoto.cancel_by(ids=[j.id for j in jobs])
+        shigoto.cancel_by(ids=[j.id for j in (*jobs, waiting)])  # no runner holds `waiting`
         payloads = []
         for note in listener.notifies(timeout=20):
             payloads.append(note.payload)

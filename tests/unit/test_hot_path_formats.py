@@ -40,7 +40,7 @@ def test_from_values_matches_from_row() -> None:
     assert tuple(f.name for f in fields(Job))[: len(JOB_COLUMNS)] == JOB_COLUMNS
     values = [
         1, "q", "w", {"x": 1}, "executing", 5, 2, 3, 30.0, None, None, None, None, None,
-        "node", [], None, ["t"], {}, None, None, [7, 8], "run", 9, "tenant-1",
+        "node", [], None, ["t"], {}, None, None, [7, 8], "run", 9, "tenant-1", None,
     ]  # fmt: skip
     built = Job.from_values(values)
     assert built == Job.from_row(dict(zip(JOB_COLUMNS, values, strict=True)))

@@ -332,13 +332,16 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--json", action="store_true")
 
-    for name, verb in (("retry", "make available again"), ("cancel", "cancel")):
-        p = sub.add_parser(name, help=f"{verb} jobs matching the filters")
+    retry_help = ("make matching jobs available again: discarded and cancelled ones, or those "
+                  "of --state (completed ones ask first); never a job waiting on its parents")
+    for name, about in (("retry", retry_help), ("cancel", "cancel jobs matching the filters")):
+        p = sub.add_parser(name, help=about, description=about)
         _common(p)
         _filters(p)
         if name == "retry":
-            p.add_argument("--yes", action="store_true",
-                           help="confirm re-running completed jobs (--state completed)")
+            # No env var: a standing yes would defeat the question.
+            p.add_argument("-y", "--yes", action="store_true",
+                           help="re-run completed jobs (--state completed) without asking")
 
     for name, verb in (("pause", "stop runners claiming"), ("resume", "let runners claim")):
         p = sub.add_parser(name, help=f"{verb} jobs of a queue (every runner, within seconds)")
@@ -593,7 +596,10 @@ def _bulk(action: str) -> Callable[[argparse.Namespace], int]:
 def _confirm_rerun(
     args: argparse.Namespace, filters: dict[str, Any], where: dict[str, Any]
 ) -> None:
-    """Completed jobs did their work once; running them again must be meant."""
+    """Completed jobs did their work once (an email sent, a card charged): running them again
+    must be meant. Counted by a dry run first, so the question names what would happen; asked
+    on stderr, so stdout stays the JSON a script reads. With no terminal to ask (a script, a
+    pipe) and no --yes, nothing is written."""
     if args.yes:
         return
     from shigoto.ops.operations import retry_by
@@ -603,10 +609,11 @@ def _confirm_rerun(
         return
     if not sys.stdin.isatty():
         raise ConfigurationError(
-            f"--state completed runs {count} completed jobs again: add --yes to confirm "
-            "(or --dry-run to list them)"
+            f"--state completed would re-run {count} completed jobs and there is no terminal "
+            "to ask: add --yes (-y) to confirm (or --dry-run to list them); nothing was retried"
         )
-    answer = input(f"Run {count} completed jobs again? [y/N] ")
+    print(f"re-run {count} completed jobs? [y/N] ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline()
     if answer.strip().lower() not in ("y", "yes"):
         raise ConfigurationError("not confirmed; nothing was retried")
 

@@ -132,6 +132,17 @@ def breakers_table(st: Status) -> Table:
     return table
 
 
+def cancelling_table(st: Status) -> Table:
+    """Running jobs asked to cancel: they stay executing until their perform has stopped."""
+    table = Table(title="cancel requested, perform still running")
+    for name in ("id", "queue", "worker", "node", "since"):
+        table.add_column(name)
+    for job in st.cancelling:
+        table.add_row(_cell(job["id"]), _cell(job["queue"]), _cell(job["worker"]),
+                      _cell(job["node"] or "-"), _cell(job["since"]))  # fmt: skip
+    return table
+
+
 def workflows_table(st: Status) -> Table:
     """Workflows with work left: how many of their steps finished, failed, wait or run."""
     table = Table(title=f"workflows ({st.waiting_on_parents} jobs waiting for parents)")
@@ -156,6 +167,8 @@ def render_status(st: Status, console: Console | None = None) -> None:
         tables.append(settings_table(st))
     if st.breakers:
         tables.append(breakers_table(st))
+    if st.cancelling:
+        tables.append(cancelling_table(st))
     if console is None:
         console = Console()
         if not console.is_terminal:

@@ -8,6 +8,11 @@ them: the change is therefore made conditional on the state that was checked (`s
 retry_by / cancel_by), and when it then matches nothing the job is read again and the answer
 is 409 with its new state. Nothing is written on a refusal.
 
+A retry here names the job's own state, so a completed job is re-run only by its own button
+(a bulk `retry_by` without a state leaves completed jobs alone). Like every retry, it never
+starts a job whose parents have not finished (a cancelled workflow child whose parent still
+runs): that is a 409 saying so, and the job stays as it is.
+
 Deleting one job has no public operation (`delete_jobs` deletes by filter), so it is one
 statement here that re-checks the state itself.
 """
@@ -81,8 +86,11 @@ def job_action(
     done = run(ids=[job_id], state=str(job.state), database_url=source.url, schema=source.schema)
     with connect() as conn:
         after = _current(conn, source, job_id)
-    if not done:  # moved on between the check and the change
-        raise _wrong_state(job_id, action, str(after.state), after.archived)
+    if not done:
+        if action == "retry" and after.state == job.state and after.depends_on:
+            raise ActionRefused(409, f"job {job_id} depends on jobs that have not finished: it "
+                                "can be retried once they have")  # fmt: skip
+        raise _wrong_state(job_id, action, str(after.state), after.archived)  # moved on
     return after
 
 

@@ -90,6 +90,7 @@ def job_detail(job: JobRecord, may_see: bool, policy: ShowArgs) -> dict[str, Any
         "progress": job.progress,
         "meta": unsealed(job.meta or {}),
         "attempted_by": job.attempted_by,
+        "cancel_requested_at": iso(job.cancel_requested_at),
         "unique_key": job.unique_key,
         "partition_key": job.partition_key,
         "batch_id": job.batch_id,

@@ -43,24 +43,58 @@ def with_filter(template: str, schema: str, where: sql.Composable) -> sql.Compos
     return sql.SQL(template).format(where=where, **_tables(schema))
 
 
+# Whether a job waits on a parent that has not finished, so that a retry must leave it where it
+# is: a workflow child waiting for its parents (migration 0009 marks it `scheduled` at
+# 9999-12-31; only its parents' final transitions may release it), or a child with a parent
+# still live in any other state (cancelled by hand while it waited; finished, and its parent
+# retried since). Made available now, it would run before its parents, or beside them, without
+# their results. `{{jobs}}.depends_on` is the outer row: the inner table is aliased `p`. The
+# scalar subquery runs per child by primary key (as in migration 0009's release).
+_WAITS_ON_PARENTS = """(depends_on IS NOT NULL AND (
+    (state = 'scheduled' AND scheduled_at = '9999-12-31 00:00:00+00')
+    OR coalesce((SELECT bool_or(p.state NOT IN ('completed', 'discarded', 'cancelled'){also})
+                 FROM {{jobs}} AS p WHERE p.id = ANY({{jobs}}.depends_on)), false)))"""
+
+WAITS_ON_PARENTS = _WAITS_ON_PARENTS.format(also="")
+
+# What a retry may take: a job in the states asked for that matches the filter, unless it waits
+# on a parent, including a parent this same retry makes available again (a failed workflow
+# retried as a whole reruns its parent; its cancelled child waits for the next retry). Inside
+# the subquery the filter's bare column names are the parent's.
+RETRY_CANDIDATE = "state = ANY(%(from)s) AND {where} AND NOT " + _WAITS_ON_PARENTS.format(
+    also=" OR (p.state = ANY(%(from)s) AND {where})"
+)
+
 # A retried job whose attempts are used up gets exactly one more.
 RETRY = """
 UPDATE {jobs}
 SET state = 'available', scheduled_at = now(), finished_at = NULL, completed_at = NULL,
     max_attempts = CASE WHEN max_attempts IS NOT NULL AND attempt >= max_attempts
                         THEN attempt + 1 ELSE max_attempts END
-WHERE state = ANY(%(from)s) AND {where}
+WHERE """ + RETRY_CANDIDATE + """
 RETURNING id, queue
 """
 
-# The reason is recorded as the last error, so the job's history says who stopped it.
+# The reason is recorded as the last error, so the job's history says who stopped it. An
+# executing job is only asked to stop (migration 0023): it stays `executing`, holding its unique
+# key, batch, forwarding and workflow children, until its runner has stopped the perform and
+# records `cancelled` itself (or, if its runner died, the rescuer does). A second request keeps
+# the time of the first. `requested` tells the two kinds apart for the caller.
 CANCEL = """
 UPDATE {jobs}
-SET state = 'cancelled', finished_at = now(),
-    errors = errors || jsonb_build_array(jsonb_build_object(
-        'attempt', attempt, 'at', now(), 'error', %(reason)s::text, 'traceback', ''))
+SET state = CASE WHEN state = 'executing' THEN state ELSE 'cancelled' END,
+    finished_at = CASE WHEN state = 'executing' THEN finished_at ELSE now() END,
+    errors = CASE WHEN state = 'executing' THEN errors
+                  ELSE errors || jsonb_build_array(jsonb_build_object(
+                      'attempt', attempt, 'at', now(), 'error', %(reason)s::text,
+                      'traceback', '')) END,
+    cancel_requested_at = CASE WHEN state = 'executing'
+                               THEN coalesce(cancel_requested_at, now())
+                               ELSE cancel_requested_at END,
+    cancel_reason = CASE WHEN state = 'executing' THEN coalesce(cancel_reason, %(why)s::text)
+                         ELSE cancel_reason END
 WHERE state = ANY(%(from)s) AND {where}
-RETURNING id
+RETURNING id, state = 'executing' AS requested
 """
 
 # Runners executing one of these ids stop its perform (after reading the row); others ignore it.
@@ -70,7 +104,23 @@ SELECT pg_notify(%(channel)s, %(schema)s || '.' || i) FROM unnest(%(ids)s::bigin
 
 MATCHING = "SELECT id FROM {jobs} WHERE state = ANY(%(from)s) AND {where} ORDER BY id"
 
-MATCHING_BY_STATE = "SELECT state, count(*) FROM {jobs} WHERE {where} GROUP BY state ORDER BY 1"
+# A dry run of a retry: the ids RETRY would take, by the same condition.
+RETRY_MATCHING = "SELECT id FROM {jobs} WHERE " + RETRY_CANDIDATE + " ORDER BY id"
+
+# Why nothing matched: the filter's jobs by state, and how many of them wait on a parent.
+# `shigoto status`: running jobs whose cancel was asked for and whose perform has not stopped
+# yet (migration 0023), from the executing rows only.
+CANCELLING = """
+SELECT id, queue, worker, attempted_by, cancel_requested_at FROM {jobs}
+WHERE state = 'executing' AND cancel_requested_at IS NOT NULL
+ORDER BY cancel_requested_at, id
+LIMIT %(limit)s
+"""
+
+MATCHING_BY_STATE = (
+    "SELECT state, count(*), count(*) FILTER (WHERE " + WAITS_ON_PARENTS + ")"
+    " FROM {jobs} WHERE {where} GROUP BY state ORDER BY 1"
+)
 
 # Queues at their defaults have no row worth showing.
 # `shigoto status`: the queues with a setting away from its default (a settings row left at

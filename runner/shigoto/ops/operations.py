@@ -30,8 +30,15 @@ from shigoto.relations import workflows
 #: Most workflows `status` lists (the oldest with work left); the rest are only counted in
 #: `waiting_on_parents` and the queues' counts.
 STATUS_WORKFLOWS = 20
-#: States `retry_by` acts on: anything not already waiting to run or running.
+#: Most pending cancel requests `status` lists (the oldest first).
+STATUS_CANCELLING = 20
+#: States `retry_by` acts on when given one as `state=`: anything not already waiting to run
+#: or running.
 RETRYABLE_FROM = frozenset({JobState.RETRYABLE, JobState.SCHEDULED, *FINISHED_STATES})
+#: States `retry_by` acts on without `state=`: the failed ones. A completed job did its work
+#: (re-running it may charge a card twice), and a retryable or scheduled one runs by itself when
+#: its time comes; each is retried only when its state is named.
+RETRY_DEFAULT_FROM = frozenset({JobState.DISCARDED, JobState.CANCELLED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +98,16 @@ def _filter(
     return f
 
 
+def retry_from(f: Filter) -> frozenset[JobState]:
+    """The states a retry with filter `f` may take: those of a named state (the filter itself
+    narrows them to it), else only discarded and cancelled jobs."""
+    return RETRYABLE_FROM if f.state else RETRY_DEFAULT_FROM
+
+
 def _retry_steps(f: Filter, schema: str) -> Steps[list[int]]:
     where, params = f.where()
     done = yield ops_statements.with_filter(ops_statements.RETRY, schema, where), {
-        **params, "from": sorted(RETRYABLE_FROM)
+        **params, "from": sorted(retry_from(f))
     }
     queues = sorted({row[1] for row in done.rows})
     if queues:
@@ -105,19 +118,24 @@ def _retry_steps(f: Filter, schema: str) -> Steps[list[int]]:
 def _cancel_steps(f: Filter, schema: str, reason: str) -> Steps[list[int]]:
     where, params = f.where()
     done = yield ops_statements.with_filter(ops_statements.CANCEL, schema, where), {
-        **params, "from": sorted(CANCELLABLE_STATES), "reason": f"Cancelled: {reason}"
+        **params, "from": sorted(CANCELLABLE_STATES), "reason": f"Cancelled: {reason}",
+        "why": reason,
     }
     ids = sorted(row[0] for row in done.rows)
-    if ids:
+    # Only running jobs have a runner to tell; the others are cancelled already.
+    requested = sorted(row[0] for row in done.rows if row[1])
+    if requested:
         yield ops_statements.NOTIFY_CANCELLED, {
-            "channel": statements.CANCEL_CHANNEL, "schema": schema, "ids": ids
+            "channel": statements.CANCEL_CHANNEL, "schema": schema, "ids": requested
         }
     return ids
 
 
-def _matching_steps(f: Filter, states: Iterable[JobState], schema: str) -> Steps[list[int]]:
+def _matching_steps(
+    f: Filter, statement: str, states: Iterable[JobState], schema: str
+) -> Steps[list[int]]:
     where, params = f.where()
-    found = yield ops_statements.with_filter(ops_statements.MATCHING, schema, where), {
+    found = yield ops_statements.with_filter(statement, schema, where), {
         **params, "from": sorted(states)
     }
     return [row[0] for row in found.rows]
@@ -126,9 +144,10 @@ def _matching_steps(f: Filter, states: Iterable[JobState], schema: str) -> Steps
 def _bulk_steps(
     action: str, f: Filter, schema: str, dry_run: bool, reason: str = ""
 ) -> Steps[list[int]]:
-    if dry_run:
-        states = RETRYABLE_FROM if action == "retry" else CANCELLABLE_STATES
-        return _matching_steps(f, states, schema)
+    if dry_run:  # the same condition as the change, so a dry run lists exactly what it takes
+        if action == "retry":
+            return _matching_steps(f, ops_statements.RETRY_MATCHING, retry_from(f), schema)
+        return _matching_steps(f, ops_statements.MATCHING, CANCELLABLE_STATES, schema)
     return _retry_steps(f, schema) if action == "retry" else _cancel_steps(f, schema, reason)
 
 
@@ -143,10 +162,15 @@ def retry_by(
     database_url: str | None = None,
     schema: str | None = None,
 ) -> list[int]:
-    """Make matching jobs available now (retryable, scheduled or finished ones); returns ids.
+    """Make matching jobs available now; returns their ids.
 
-    A job whose attempts are used up gets one more: it runs once and, failing again, is
-    discarded again. With `dry_run=True` nothing changes: the ids are those it would retry.
+    Without `state=` only discarded and cancelled jobs are taken: a completed job is re-run
+    only when asked for by `state="completed"` (it did its work once), and a retryable or
+    scheduled one (which will run by itself) only by its own state. Never a job waiting on a
+    parent that has not finished (a workflow child, however it is named, or a child whose
+    parent this same retry re-runs): it runs when its parents have. A job whose attempts are
+    used up gets one more: it runs once and, failing again, is discarded again. With
+    `dry_run=True` nothing changes: the ids are those it would retry.
     """
     work = _bulk_steps("retry", _filter(ids, queue, worker, tag, state), config.schema(schema),
                        dry_run)  # fmt: skip
@@ -184,8 +208,13 @@ def cancel_by(
     database_url: str | None = None,
     schema: str | None = None,
 ) -> list[int]:
-    """Cancel matching unfinished jobs; executing ones are also stopped on their runner.
+    """Cancel matching unfinished jobs; returns their ids.
 
+    A job that is not running is `cancelled` at once. An executing one is asked to stop: its
+    row records the request (`cancel_requested_at`) and stays `executing` until its runner has
+    stopped the perform and written `cancelled`, so no new attempt can start beside the one
+    still running, and batches, forwarding, workflow children and unique keys see the cancel
+    only once the work has stopped (docs/workers.md, "Cancelling a running job").
     With `dry_run=True` nothing changes: the ids are those it would cancel.
     """
     f = _filter(ids, queue, worker, tag, state)
@@ -261,7 +290,9 @@ def explain_no_match(
     schema: str | None = None,
 ) -> str:
     """Why `retry_by` / `cancel_by` (`action` "retry" or "cancel") matched nothing: no job
-    fits the filters at all, or the ones that do are in states the action leaves alone."""
+    fits the filters at all, or the ones that do are in states the action leaves alone, or (a
+    retry) they wait on parents that have not finished. What a retry leaves alone by default
+    is said with the way to ask for it: completed jobs only when their state is named."""
     f = _filter(ids, queue, worker, tag, state)
     where, params = f.where()
     query = ops_statements.with_filter(
@@ -269,17 +300,31 @@ def explain_no_match(
     )
     with database.sync_pool(config.database_url(database_url)).connection() as conn:
         found = conn.execute(query, params).fetchall()
-    acts_on = RETRYABLE_FROM if action == "retry" else CANCELLABLE_STATES
+    acts_on = retry_from(f) if action == "retry" else CANCELLABLE_STATES
     if not found:
         if worker:
             return (f"no job has worker {worker!r} (nor a name ending in '.{worker}') with these "
                     "filters; `shigoto status` lists the queues")  # fmt: skip
         return "no job matches these filters"
-    counts = ", ".join(f"{n} {s}" for s, n in found)
-    return (
-        f"the jobs that match are {counts}; {action} acts only on "
-        f"{', '.join(sorted(str(s) for s in acts_on))} jobs"
-    )
+    counts = ", ".join(f"{n} {s}" for s, n, _ in found)
+    states = ", ".join(sorted(str(s) for s in acts_on))
+    if action != "retry":
+        return f"the jobs that match are {counts}; {action} acts only on {states} jobs"
+    why = [f"the jobs that match are {counts}"]
+    waiting = sum(w for _, _, w in found)
+    if waiting:
+        verb = "depends" if waiting == 1 else "depend"
+        why.append(f"{waiting} of them {verb} on parent jobs that have not finished, and no "
+                   "retry starts a job before its parents (a waiting child runs once they "
+                   "have; retry the others then)")  # fmt: skip
+    if f.state is None:
+        why.append(f"without a state, retry takes only {states} jobs")
+        if any(s == JobState.COMPLETED for s, _, _ in found):
+            why.append("to re-run completed jobs, name their state: state='completed' "
+                       "(CLI: --state completed)")  # fmt: skip
+    elif f.state not in acts_on:
+        why.append(f"retry acts only on {states} jobs")
+    return "; ".join(why)
 
 
 #: A queue's shared settings when it has no settings row (shigoto.client.queue_settings).
@@ -322,6 +367,9 @@ class Status:
     #: Jobs finished in the last hour by queue, from the sampler's per-minute stats:
     #: {"completed", "discarded", "cancelled", "minutes" (how many minutes were sampled)}.
     finished_last_hour: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Executing jobs an operator asked to cancel whose perform has not stopped yet, oldest
+    #: request first: {"id", "queue", "worker", "node", "since"}.
+    cancelling: list[dict[str, Any]] = field(default_factory=list)
 
     def setting(self, queue: str) -> dict[str, Any]:
         return self.settings.get(queue, dict(DEFAULT_SETTING))
@@ -348,6 +396,7 @@ class Status:
             "workflows": self.workflows,
             "waiting_on_parents": self.waiting_on_parents,
             "breakers": self.breakers,
+            "cancelling": self.cancelling,
         }
 
 
@@ -440,10 +489,17 @@ def _status_steps(schema: str) -> Steps[Status]:
     flows = (yield ops_statements.compose(ops_statements.STATUS_WORKFLOWS, schema),
              {"limit": STATUS_WORKFLOWS}).dicts()  # fmt: skip
     waiting = (yield statements.compose(workflows.WAITING_COUNT, schema), None).one()
+    cancelling = [
+        {"id": job_id, "queue": queue, "worker": worker, "node": node, "since": since.isoformat()}
+        for job_id, queue, worker, node, since in (
+            yield ops_statements.compose(ops_statements.CANCELLING, schema),
+            {"limit": STATUS_CANCELLING},
+        ).rows
+    ]  # fmt: skip
     return Status(counted.by_queue, counted.ages, nodes, cron, settings,
                   [{k: v if k in ("id", "name") else int(v) for k, v in f.items()} for f in flows],
                   int(waiting[0]) if waiting else 0, breakers, counted.exact,
-                  counted.last_hour)  # fmt: skip
+                  counted.last_hour, cancelling)  # fmt: skip
 
 
 def _cron_entries(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:

@@ -91,6 +91,9 @@ function facts(job) {
     ["Attempted", exact(job.attempted_at)],
     ["Finished", exact(job.finished_at)],
     ["Attempted by", job.attempted_by || "–"],
+    ...(job.cancel_requested_at && job.state === "executing"
+      ? [["Cancel requested", `${exact(job.cancel_requested_at)}: its runner is stopping it`]]
+      : []),
     ["Unique key", job.unique_key ?? "–"],
     ["Partition key", job.partition_key ?? "–"],
     ["Batch", job.batch_id ?? "–"],

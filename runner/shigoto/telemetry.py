@@ -29,7 +29,7 @@ EVENTS = frozenset({
     "batch.seal",
     "workflow.enqueue", "fanout.delivery", "fanout.finish",
     "workflow.release", "workflow.cancel", "batch.callback", "job.forward",
-    "flow.defer", "breaker.transition", "shed.change",
+    "flow.defer", "breaker.transition", "shed.change", "runner.loop_blocked",
 })  # fmt: skip
 
 Handler = Callable[[str, dict[str, Any], dict[str, Any]], Any]

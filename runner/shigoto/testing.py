@@ -111,6 +111,8 @@ async def adrain_queue(
                     break
                 completion = await executor.execute(Job.from_row(row))
                 await conn.execute(stmts.complete, batch_params([completion], node))
+                if completion.after is not None:  # on_discard, once the outcome is written
+                    await completion.after()
                 outcomes[str(completion.state)] += 1
     return dict(outcomes)
 
@@ -528,6 +530,8 @@ async def _run(job: Job, raise_errors: bool, recorder: Recorder) -> Job:
         telemetry.detach(handle)
     done = _finished(running, completion)
     released = recorder._finish(done)
+    if completion.after is not None:  # on_discard, once the outcome is recorded
+        await completion.after()
     if recorder.inline:
         for child in released:
             await _run(child, raise_errors, recorder)

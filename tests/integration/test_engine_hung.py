@@ -53,15 +53,19 @@ async def test_hung_sync_performs_do_not_delay_other_jobs_and_record_their_failu
     await until(lambda: state(conn, trivial.id) == "completed", timeout=DEADLINE,
                 message="the trivial job completes while the others still hang")  # fmt: skip
     assert w.finished == [], "the hung performs were still running when it completed"
+    # Their attempts are decided (timed out, no attempts left) but not recorded while the
+    # threads still run them: a recorded outcome would let a retry start beside them.
     for job in hung:
-        found = row(conn, job.id)
-        assert found["state"] == "discarded", "the final failure was recorded"
-        assert "timed out after 0.5 s" in found["errors"][-1]["error"]
+        assert state(conn, job.id) == "executing", "no outcome while the perform still runs"
     assert runner.stuck_threads == 2
 
     w.release.set()
     await until(lambda: runner.stuck_threads == 0, timeout=DEADLINE,
                 message="threads no longer stuck once their performs return")  # fmt: skip
+    for job in hung:
+        await until(lambda job=job: state(conn, job.id) == "discarded", timeout=DEADLINE,
+                    message="the final failure is recorded once the thread left")  # fmt: skip
+        assert "timed out after 0.5 s" in row(conn, job.id)["errors"][-1]["error"]
 
 
 async def test_a_timed_out_perform_sees_cancelled_and_stops(
@@ -130,7 +134,9 @@ async def test_past_the_stuck_thread_bound_the_runner_drains_and_fails_readiness
         await health.stop()
     assert code == 503
     assert "outlived their timeout" in body["reason"] and body["stuck_threads"] >= 1
-    assert [state(conn, j.id) for j in hung] == ["discarded", "discarded"]
+    # The runner left while the threads still ran the performs: their jobs stay executing on
+    # its node, for the rescuer once the node is gone, never recorded while the work went on.
+    assert [state(conn, j.id) for j in hung] == ["executing", "executing"]
     assert conn.execute("SELECT count(*) FROM shigoto_nodes").fetchone() == (0,), "drained"
 
 
@@ -150,7 +156,8 @@ def test_shigoto_run_exits_non_zero_when_threads_stay_stuck(
     code = runner.wait_exit(timeout=DEADLINE)
     assert code == 2, runner.output()
     assert "outlived their timeout" in runner.output()
-    assert [state(conn, j.id) for j in hung] == ["discarded", "discarded"]
+    # Still hung when the process exited: left executing for the rescuer (its node is gone).
+    assert [state(conn, j.id) for j in hung] == ["executing", "executing"]
 
 
 @pytest.mark.slow
@@ -160,7 +167,8 @@ def test_sigterm_still_exits_zero_with_a_thread_stuck(
     marker = str(tmp_path / "hang")
     job = shigoto.enqueue(w.hang, {"marker": marker})
     runner = process(queue="default=2")
-    wait_until(lambda: state(conn, job.id) == "discarded", timeout=DEADLINE,
-               message="timed out and recorded")  # fmt: skip
+    wait_until(lambda: "no attempts left" in runner.output(), timeout=DEADLINE,
+               message="the perform timed out, its thread still stuck")  # fmt: skip
     runner.signal(signal.SIGTERM)
     assert runner.wait_exit(timeout=DEADLINE) == 0, runner.output()
+    assert state(conn, job.id) == "executing", "left for the rescuer while its thread ran"

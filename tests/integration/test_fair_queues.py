@@ -18,6 +18,7 @@ import shigoto
 from shigoto.db import statements
 from shigoto.runtime.claimer import Claimer
 from shigoto.runtime.producer import Producer
+from tests.support.attempts import ENV, assert_no_overlap
 from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import until, wait_until
 
@@ -104,6 +105,26 @@ async def test_a_one_slot_claim_goes_to_the_partition_running_least(
     assert picks == ["big", "small", "big", "small", "big", "small"]
 
 
+@pytest.mark.parametrize("written_back", [True, False])
+async def test_one_slot_claims_go_round_robin_whether_or_not_the_last_job_is_written_back(
+    db_url: str, pool: Any, conn: psycopg.Connection, written_back: bool
+) -> None:
+    """Issue 21, case 6, at the claim: a runner of concurrency 1 claims again as its job
+    ends, and the completer may or may not have written that job's row back by then. The
+    executing rows alone made the next pick depend on that race (a completed row raised no
+    turn, and the oldest job, A's, won: FIFO); the partition served last decides instead."""
+    _enqueue("rr", {"A": 6, "B": 2, "C": 2})
+    claimer, producer = _claimer(pool), _producer("rr")
+    picks = []
+    for _ in range(8):
+        (job,) = await claimer.claim(producer, "rr", 1)
+        picks.append(job.partition_key)
+        if written_back:
+            conn.execute("UPDATE shigoto_jobs SET state = 'completed', finished_at = now() "
+                         "WHERE id = %s", (job.id,))  # fmt: skip
+    assert "".join(picks) == "ABCABCAA"
+
+
 async def test_plain_claim_of_the_same_backlog_is_not_fair(db_url: str, pool: Any) -> None:
     """The control: without `fair`, the big partition enqueued first takes every slot."""
     _enqueue("plain", {"big": 50, "a": 3})
@@ -123,13 +144,15 @@ async def test_fair_claim_fills_the_claim_when_partitions_run_short(
 
 
 async def test_many_partitions_are_walked_a_window_at_a_time(db_url: str, pool: Any) -> None:
-    """With more keys than a claim walks, each claim walks the next window, and after the
-    last key the first again: every partition gets its turn, none is read twice in a row."""
+    """With more keys than a claim walks, each claim walks the next window, from just after
+    the partition served last, wrapping past the last key to the first: every partition gets
+    its second job only after every one got its first, and g's second waits for a, b, c, d."""
     _enqueue("wide", {k: 2 for k in "abcdefg"})
     claimer, producer = _claimer(pool), _producer("wide")
     claimer.fair_window = 3
-    claims = [_keys(await claimer.claim(producer, "wide", 3)) for _ in range(4)]
-    assert claims == [["a", "b", "c"], ["d", "e", "f"], ["g", "g"], ["a", "b", "c"]]
+    claims = [sorted(_keys(await claimer.claim(producer, "wide", 3))) for _ in range(5)]
+    assert claims == [["a", "b", "c"], ["d", "e", "f"], ["a", "b", "g"], ["c", "d", "e"],
+                      ["f", "g"]]  # fmt: skip
 
 
 async def test_a_walk_past_the_last_key_starts_again_from_the_first(
@@ -243,17 +266,19 @@ async def test_min_priority_is_honoured_in_every_variant(
     assert sorted(j.priority for j in rest) == [0] * 6
 
 
+@pytest.mark.parametrize("after", ["", "t2"])
 async def test_explain_reads_no_backlog_of_a_big_partition(
-    db_url: str, conn: psycopg.Connection
+    db_url: str, conn: psycopg.Connection, after: str
 ) -> None:
     """The claim's plan: a skip scan over keys and a few rows per partition, not the backlog
-    of a partition with 10,000 jobs (EXPLAIN ANALYZE's row counts, not its timings)."""
+    of a partition with 10,000 jobs (EXPLAIN ANALYZE's row counts, not its timings), whether
+    the walk starts at the first key or wraps around past the last one."""
     _enqueue("explain", {"big": 10_000, **{f"t{i}": 10 for i in range(5)}})
     conn.execute("ANALYZE shigoto_jobs")
     stmts = statements.statements("public")
     params = {"queue": "explain", "limit": 10, "node": NODE, "min_priority": None,
               "cap": None, "grace": 3.0, "restart_grace": 15.0, "window": 128,
-              "after": None}  # fmt: skip
+              "after": after}  # fmt: skip
     with conn.transaction(force_rollback=True):
         plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + stmts.claim_fair,
                             params).fetchone()[0][0]  # type: ignore[index]  # fmt: skip
@@ -285,12 +310,13 @@ def run_log(conn: psycopg.Connection) -> psycopg.Connection:
 
 
 def _two_runners_ready(
-    conn: psycopg.Connection, start: Callable[..., RunnerProcess], queue: str
-) -> None:
+    conn: psycopg.Connection, start: Callable[..., RunnerProcess], queue: str,
+    env: dict[str, str] | None = None,
+) -> None:  # fmt: skip
     """Two runner processes serving `queue`, both registered before any job exists, so both
     take part from the first claim."""
     for _ in range(2):
-        start(workers="tests.support.fair_workers", queue=queue)
+        start(workers="tests.support.fair_workers", queue=queue, env=env)
     wait_until(lambda: conn.execute("SELECT count(*) = 2 FROM shigoto_nodes").fetchone()[0],
                timeout=30, message="both runners registered")  # fmt: skip
 
@@ -342,3 +368,57 @@ def test_partition_concurrency_is_exact_across_runners(
     assert overlap and all(n <= 2 for _, n in overlap), overlap
     pids = run_log.execute("SELECT count(DISTINCT pid) FROM fair_log").fetchone()[0]  # type: ignore[index]
     assert pids == 2, "both runners must have run jobs for the cap to be tested across them"
+
+
+def _run_order(conn: psycopg.Connection) -> str:
+    """The partitions of the jobs run so far, in the order they started."""
+    rows = conn.execute("SELECT partition_key FROM fair_log ORDER BY seq").fetchall()
+    return "".join(key for (key,) in rows)
+
+
+@pytest.mark.slow
+def test_one_job_per_claim_goes_round_robin(
+    run_log: psycopg.Connection, runner_processes: Callable[..., RunnerProcess], tmp_path: Path
+) -> None:
+    """Issue 21, case 6: at concurrency 1 every claim takes one job, and the finished job's row
+    may or may not be written back yet when the next claim runs. Either way each partition's
+    next job runs before any partition's job after that: B and C are not left behind A's
+    backlog, and A is not served twice while another partition has work."""
+    assert _wired(), "runtime/runner.py _configure must set producer.fair from the setting"
+    shigoto.set_queue("rr", fair=True)
+    _enqueue("rr", {"A": 10, "B": 3, "C": 3})
+    attempts = tmp_path / "attempts"
+    attempts.mkdir()
+    runner_processes(workers="tests.support.fair_workers", queue="rr=1",
+                     env={ENV: str(attempts)})  # fmt: skip
+    wait_until(lambda: run_log.execute(
+        "SELECT count(*) = 16 FROM fair_log WHERE ended IS NOT NULL").fetchone()[0],
+        timeout=60, message="all 16 jobs")  # fmt: skip
+    assert _run_order(run_log) == "ABCABCABC" + "A" * 7
+    assert len(assert_no_overlap(attempts)) == 16
+
+
+@pytest.mark.slow
+def test_two_runners_of_one_slot_each_share_the_round_robin(
+    run_log: psycopg.Connection, runner_processes: Callable[..., RunnerProcess], tmp_path: Path
+) -> None:
+    """Each runner keeps its own round robin and a partition's jobs running on the other
+    count against its turn, so a runner takes A again only after B or C, unless those are
+    running elsewhere (or claimed at the same instant): the 8 jobs of B and C all start
+    before the 9th of A's backlog (strictly fair: before the 5th; FIFO: after the 20th)."""
+    assert _wired(), "runtime/runner.py _configure must set producer.fair from the setting"
+    shigoto.set_queue("rr2", fair=True)
+    attempts = tmp_path / "attempts"
+    attempts.mkdir()
+    _two_runners_ready(run_log, runner_processes, "rr2=1", env={ENV: str(attempts)})
+    shigoto.enqueue_many([
+        {"worker": "tests.support.fair_workers.slow_run", "args": {"ms": 20}, "queue": "rr2",
+         "partition_key": key} for key, n in {"A": 20, "B": 4, "C": 4}.items() for _ in range(n)
+    ])  # fmt: skip
+    wait_until(lambda: run_log.execute(
+        "SELECT count(*) = 28 FROM fair_log WHERE ended IS NOT NULL").fetchone()[0],
+        timeout=60, message="all 28 jobs")  # fmt: skip
+    order = _run_order(run_log)
+    assert order[: order.rfind("C") + 1].count("A") <= 8, order
+    assert order[: order.rfind("B") + 1].count("A") <= 8, order
+    assert len(assert_no_overlap(attempts)) == 28

@@ -13,6 +13,7 @@ deadline; nothing asserts how long anything took.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,6 +44,11 @@ REFUSED = "refused_once"
 @shigoto.worker
 def fine(n: int = 0) -> dict[str, int]:
     return {"n": n}
+
+
+@shigoto.worker
+async def stalls_the_loop() -> None:
+    time.sleep(1.5)  # an async worker calling blocking code: runner.loop_blocked
 
 
 @shigoto.worker(max_attempts=1)
@@ -150,6 +156,7 @@ async def enqueue_everything(conn: psycopg.Connection[Any], runner: shigoto.Runn
     shigoto.enqueue_many([{"worker": one_at_a_time}] * 2)  # one waits: flow.defer
     shigoto.enqueue_many([{"worker": dependency_down}] * 3)  # the breaker opens
     shigoto.enqueue(fine, queue="broadcast")  # fan-out: a delivery per runner
+    shigoto.enqueue(stalls_the_loop)
     with conn.transaction():  # a parent and its child in the caller's transaction
         bad = shigoto.enqueue(broken, conn=conn)
         child = shigoto.enqueue(fine, depends_on=[bad.id], conn=conn)  # cancelled with it
@@ -261,6 +268,8 @@ def check_metrics(metrics: RunnerMetrics, seen: Seen) -> None:
     assert total(metrics, "shigoto_jobs_inserted_total") == inserted
     assert total(metrics, "shigoto_insert_batch_size_sum") == inserted
     assert total(metrics, "shigoto_jobs_operator_cancelled_total") == 1
+    stalls = len(seen.named("runner.loop_blocked"))
+    assert stalls >= 1 and total(metrics, "shigoto_event_loop_blocked_seconds_count") == stalls
     assert metrics.registry.get_sample_value("shigoto_queue_concurrency", {"queue": "extra"}) \
         is None  # added, then removed: its series is gone
 

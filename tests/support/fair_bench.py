@@ -47,7 +47,7 @@ def _fill(url: str, queue: str, counts: dict[str | None, int]) -> float:
 def _params(queue: str, cap: int | None) -> dict[str, Any]:
     return {"queue": queue, "limit": LIMIT, "node": NODE, "min_priority": None, "cap": cap,
             "grace": GRACE, "restart_grace": RESTART_GRACE, "window": WINDOW,
-            "after": None}  # fmt: skip
+            "after": ""}  # fmt: skip
 
 
 def _claim_ms(conn: psycopg.Connection[Any], statement: str, params: dict[str, Any],

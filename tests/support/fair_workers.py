@@ -1,4 +1,5 @@
-"""Workers for the fair-queue tests: each run records its partition, runner and times."""
+"""Workers for the fair-queue tests: each run records its partition, runner and times (in
+`fair_log`, for the run order) and its attempt's start and end (tests/support/attempts.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 import psycopg
 
 import shigoto
+from tests.support.attempts import recorded
 
 
 def _record(ms: int) -> None:
@@ -25,12 +27,14 @@ def _record(ms: int) -> None:
 
 
 @shigoto.worker(max_attempts=1)
+@recorded
 def record_run() -> None:
     """Records when it ran; the completion order of a fair queue is what the test reads."""
     _record(0)
 
 
 @shigoto.worker(max_attempts=1)
+@recorded
 def slow_run(ms: int = 100) -> None:
     """Runs for `ms`, so jobs of one partition overlap unless something keeps them apart."""
     _record(ms)

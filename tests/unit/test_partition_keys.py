@@ -13,7 +13,7 @@ from shigoto.client import queue_settings
 from shigoto.client.enqueuing import OPTION_KEYWORDS
 from shigoto.errors import ValidationError
 from shigoto.job import Job, JobState
-from shigoto.runtime.claimer import FairRow, more_to_offer, next_after
+from shigoto.runtime.claimer import FairRow, last_served, more_to_offer
 
 NAME = "tests.unit.partition.job"
 
@@ -131,8 +131,9 @@ def _job(key: str | None) -> Job:
                partition_key=key)  # fmt: skip
 
 
-def _rows(*keys: str | None, share: int = 2, last: str = "z", end: bool = True) -> list[FairRow]:
-    return [FairRow(_job(key), share, last, end) for key in keys]
+def _rows(*keys: str | None, share: int = 2) -> list[FairRow]:
+    """One row per key, each in its own place of the walk, all of turn 1."""
+    return [FairRow(_job(key), share, 1, n) for n, key in enumerate(keys, 1)]
 
 
 def test_another_round_when_a_partition_gave_its_whole_share_and_the_claim_is_short() -> None:
@@ -148,7 +149,11 @@ def test_no_other_round_when_full_or_empty() -> None:
     assert not more_to_offer([], 10)
 
 
-def test_the_next_walk_starts_after_the_last_key_until_the_walk_reaches_the_end() -> None:
-    assert next_after(_rows("a", "c", last="c", end=False)) == "c"
-    assert next_after(_rows("a", "c", last="c", end=True)) is None
-    assert next_after([]) is None
+def test_the_next_claim_starts_after_the_partition_served_last_in_round_robin_order() -> None:
+    """The greatest turn first, then the latest in the walk; not the greatest key: the walk
+    may have wrapped around past the last key."""
+    assert last_served(_rows("c", "d", "a")) == "a"
+    later_turn = [FairRow(_job("b"), 2, 2, 1), FairRow(_job("z"), 2, 1, 3)]
+    assert last_served(later_turn) == "b"
+    assert last_served(_rows("x", None)) == ""  # the partition of jobs without a key
+    assert last_served([]) is None

@@ -103,8 +103,10 @@ GROUP BY s.scope
 """
 
 # One statement acknowledges a whole batch of outcomes. The guard (still executing, same
-# attempt, same node) makes it idempotent: a retried write, a job cancelled meanwhile or a job
-# rescued and re-claimed elsewhere is left untouched.
+# attempt, same node) makes it idempotent: a retried write, or a job rescued and re-claimed
+# elsewhere, is left untouched. A job an operator asked to cancel while it ran (migration 0023)
+# ends `cancelled` whatever its attempt's outcome, unless that attempt completed: the work is
+# done, and a cancel that came too late must not make a retry run it again (`{final}`).
 # The guard is written `(...) IS TRUE` so that no index can serve it, leaving the batch's ids
 # as the only way into the table (one primary-key probe per outcome). Written plainly, it
 # matches shigoto_jobs_executing_idx; where the statistics say the table is (nearly) empty,
@@ -113,15 +115,22 @@ GROUP BY s.scope
 # comparisons, seconds per write, and it stays until the next ANALYZE.
 _COMPLETE = """
 UPDATE {jobs} AS j
-SET state = u.state,
-    attempt = CASE WHEN u.snooze THEN j.attempt - 1 ELSE j.attempt END,
-    scheduled_at = CASE WHEN u.delay IS NULL THEN j.scheduled_at
+SET state = {final},
+    attempt = CASE WHEN u.snooze AND {final} = u.state THEN j.attempt - 1 ELSE j.attempt END,
+    scheduled_at = CASE WHEN u.delay IS NULL OR {final} <> u.state THEN j.scheduled_at
                         ELSE now() + make_interval(secs => u.delay) END,
     completed_at = CASE WHEN u.state = {completed} THEN now() ELSE j.completed_at END,
-    finished_at = CASE WHEN u.state IN {finished} THEN now() END,
+    finished_at = CASE WHEN {final} IN {finished} THEN now() END,
     result = CASE WHEN u.state = {completed} THEN u.result ELSE j.result END,
-    errors = CASE WHEN u.error IS NULL THEN j.errors
-                  ELSE j.errors || jsonb_build_array(u.error || jsonb_build_object('at', now()))
+    errors = CASE WHEN u.error IS NULL AND j.cancel_requested_at IS NULL THEN j.errors
+                  ELSE j.errors
+                       || CASE WHEN u.error IS NULL THEN '[]'::jsonb
+                          ELSE jsonb_build_array(u.error || jsonb_build_object('at', now())) END
+                       || CASE WHEN {final} = u.state THEN '[]'::jsonb
+                          ELSE jsonb_build_array(jsonb_build_object(
+                              'attempt', j.attempt, 'at', now(), 'traceback', '',
+                              'error', 'Cancelled: ' || coalesce(j.cancel_reason, 'cancelled')))
+                          END
              END,
     progress = coalesce(u.progress, j.progress)
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(states)s::text[], %(delays)s::float8[],
@@ -133,12 +142,31 @@ WHERE j.id = u.id AND j.attempt = u.attempt
 RETURNING j.id
 """
 
-# Shutdown hands unfinished jobs back without consuming the attempt they were given.
+# Shutdown hands unfinished jobs back without consuming the attempt they were given; one an
+# operator asked to cancel is cancelled instead: its perform has stopped.
 _PUT_BACK = """
 UPDATE {jobs}
-SET state = {available}, attempt = attempt - 1, attempted_by = NULL, scheduled_at = now()
+SET state = CASE WHEN cancel_requested_at IS NULL THEN {available} ELSE {cancelled} END,
+    attempt = CASE WHEN cancel_requested_at IS NULL THEN attempt - 1 ELSE attempt END,
+    attempted_by = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE attempted_by END,
+    scheduled_at = now(),
+    finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE now() END,
+    errors = CASE WHEN cancel_requested_at IS NULL THEN errors
+                  ELSE errors || jsonb_build_array(jsonb_build_object(
+                      'attempt', attempt, 'at', now(), 'traceback', '',
+                      'error', 'Cancelled: ' || coalesce(cancel_reason, 'cancelled'))) END
 WHERE id = ANY(%(ids)s) AND state = {executing} AND attempted_by = %(node)s
 RETURNING id, queue
+"""
+
+# Cancels asked of jobs this node executes (`shigoto cancel`, migration 0023): read when a
+# cancel NOTIFY names one (`ids`; any role that can connect may NOTIFY, so the row decides),
+# and polled for all (`ids` NULL), so a notification lost with a connection is not a cancel
+# lost. Served by shigoto_jobs_executing_idx (attempted_by, on executing rows).
+_CANCEL_REQUESTS = """
+SELECT id, coalesce(cancel_reason, 'cancelled') FROM {jobs}
+WHERE state = {executing} AND attempted_by = %(node)s AND cancel_requested_at IS NOT NULL
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
 """
 
 _PROGRESS = """
@@ -226,10 +254,31 @@ _JOB_STATE = "SELECT state FROM {jobs} WHERE id = %(id)s"
 
 # -- rescue (see shigoto.runtime.rescuer for the rules) ---------------------------------------
 
+# Granted session advisory locks of this database (the liveness locks are the bigint form,
+# objsubid 1), for `_liveness_held`.
+_LOCKED = """locked AS MATERIALIZED (
+    SELECT classid, objid FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 1
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+)"""
+
+
+def _liveness_held(node: str) -> str:
+    """Whether the node named by the SQL expression `node` holds its liveness lock (the key of
+    `_TAKE_LIVENESS`), as SQL over a `locked` CTE (`_LOCKED`)."""
+    key = f"hashtextextended({{schema_name}} || ':' || coalesce({node}, ''), 0)"
+    return (f"((({key} >> 32) & 4294967295)::oid, ({key} & 4294967295)::oid) "
+            "IN (SELECT classid, objid FROM locked)")  # fmt: skip
+
+
 # One statement finds, decides and moves the stale jobs. `dead` tells the two kinds apart for
-# the error entry; the next state comes from the row alone, so any leader decides alike.
-_RESCUE = """
-WITH stale AS (
+# the error entry; the next state comes from the row alone, so any leader decides alike. A node
+# that still holds its liveness lock (its process is up, its session open) is never rescued,
+# however long its heartbeat has been silent: a worker blocking the event loop stops the
+# heartbeat, not the work, and a rescue would run the job a second time beside it. A job an
+# operator asked to cancel is cancelled, not run again.
+_RESCUE = (
+    "WITH " + _LOCKED + """, stale AS (
     SELECT j.id, (n.id IS NULL OR n.last_seen_at < {now} - make_interval(secs => %(after)s))
                  AS dead
     FROM {jobs} AS j LEFT JOIN {nodes} AS n ON n.id = j.attempted_by
@@ -238,37 +287,83 @@ WITH stale AS (
       AND (n.id IS NULL OR n.last_seen_at < {now} - make_interval(secs => %(after)s)
            OR j.attempted_at < {now} - make_interval(
                   secs => coalesce(j.timeout + %(after)s, %(stuck_after)s)))
+      AND NOT """ + _liveness_held("j.attempted_by") + """
     ORDER BY j.id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
 ), decided AS (
     SELECT j.id, s.dead,
-           CASE WHEN j.attempt >= coalesce(j.max_attempts, %(default_max)s)
+           CASE WHEN j.cancel_requested_at IS NOT NULL THEN {cancelled}
+                WHEN j.attempt >= coalesce(j.max_attempts, %(default_max)s)
                 THEN {discarded} ELSE {available} END AS state
     FROM {jobs} AS j JOIN stale AS s ON s.id = j.id
 )
 UPDATE {jobs} AS j
 SET state = d.state,
     scheduled_at = {now},
-    finished_at = CASE WHEN d.state = {discarded} THEN {now} END,
+    finished_at = CASE WHEN d.state IN ({discarded}, {cancelled}) THEN {now} END,
     meta = CASE WHEN d.state = {discarded}
                 THEN j.meta || jsonb_build_object({pending}, true) ELSE j.meta END,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempt, 'at', {now}, 'traceback', '',
-        'error', 'rescued from node ' || coalesce(j.attempted_by, '?') || CASE WHEN d.dead
+        'error', CASE WHEN d.state = {cancelled}
+                      THEN 'Cancelled: ' || coalesce(j.cancel_reason, 'cancelled') || '; '
+                      ELSE '' END
+                 || 'rescued from node ' || coalesce(j.attempted_by, '?') || CASE WHEN d.dead
             THEN ': it stopped heartbeating while executing this job'
             ELSE ': executing for longer than its timeout plus rescue_after (or stuck_after '
-                 || 'without a timeout of its own), while the node lives' END))
+                 || 'without a timeout of its own), and it holds no liveness lock' END))
 FROM decided AS d
 WHERE j.id = d.id
 RETURNING j.id, j.queue, j.state, j.attempted_by, d.dead
 """
+)
 
-# Nodes silent past rescue_after are dead, whether or not they left jobs behind.
-_FORGET_NODES = """
-DELETE FROM {nodes} WHERE last_seen_at < {now} - make_interval(secs => %(after)s)
-RETURNING id
+# A runner's own executing rows claimed more than `after` ago (shigoto.runtime.rescuer's
+# OrphanSweep keeps those it holds no task for), through shigoto_jobs_executing_idx.
+_OWN_EXECUTING = """
+SELECT id, attempt FROM {jobs}
+WHERE state = {executing} AND attempted_by = %(node)s
+  AND attempted_at < {now} - make_interval(secs => %(after)s)
 """
+
+# Returns a runner's own orphans as the rescue does (same next state, attempt counted),
+# guarded by node and attempt so a row written or re-claimed meanwhile is left alone.
+_RESCUE_OWN = """
+UPDATE {jobs} AS j
+SET state = d.state,
+    scheduled_at = {now},
+    finished_at = CASE WHEN d.state IN ({discarded}, {cancelled}) THEN {now} END,
+    meta = CASE WHEN d.state = {discarded}
+                THEN j.meta || jsonb_build_object({pending}, true) ELSE j.meta END,
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', j.attempt, 'at', {now}, 'traceback', '',
+        'error', 'returned by its own node ' || j.attempted_by
+                 || ': no task of it held this job any more'))
+FROM (
+    SELECT j2.id, CASE WHEN j2.cancel_requested_at IS NOT NULL THEN {cancelled}
+                       WHEN j2.attempt >= coalesce(j2.max_attempts, %(default_max)s)
+                       THEN {discarded} ELSE {available} END AS state
+    FROM {jobs} AS j2
+    JOIN unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS o(id, attempt)
+      ON o.id = j2.id AND o.attempt = j2.attempt
+    WHERE j2.state = {executing} AND j2.attempted_by = %(node)s
+    FOR UPDATE OF j2
+) AS d
+WHERE j.id = d.id
+RETURNING j.id
+"""
+
+# Nodes silent past rescue_after are dead, whether or not they left jobs behind, unless they
+# still hold their liveness lock (a blocked event loop): those stay listed, silent.
+_FORGET_NODES = (
+    "WITH " + _LOCKED + """
+DELETE FROM {nodes} AS n
+WHERE n.last_seen_at < {now} - make_interval(secs => %(after)s)
+  AND NOT """ + _liveness_held("n.id") + """
+RETURNING n.id
+"""
+)
 
 _PENDING_WORKERS = """
 SELECT id, worker FROM {jobs}
@@ -296,8 +391,22 @@ _TAKE_LIVENESS = """
 SELECT pg_try_advisory_lock(hashtextextended({schema_name} || ':' || %(node)s, 0))
 """
 
-# Proves the node alive between heartbeats; same clock as the heartbeat.
+# Proves the node alive between heartbeats; same clock as the heartbeat. Its lease (`_BUSY`'s
+# `grace`) runs from its commit, never earlier than the runner sent it: the runner's fence
+# counts from the sending.
 _PROVE = "UPDATE {nodes} SET last_seen_at = {now} WHERE id = %(node)s"
+
+# The rows of jobs a fenced runner stopped that may be put back: the very attempts it stopped,
+# still executing on it (the rescuer may have returned one meanwhile, and this node claimed it
+# again), locked until the put-back in the same transaction.
+_LOCK_STOPPED_ATTEMPTS = """
+SELECT j.id FROM {jobs} AS j
+JOIN unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS s(id, attempt)
+  ON j.id = s.id AND j.attempt = s.attempt
+WHERE j.state = {executing} AND j.attempted_by = %(node)s
+ORDER BY j.id
+FOR UPDATE OF j
+"""
 
 # Whether the runner of executing row `j` (joined to its node `n`, with `locked` the granted
 # advisory locks) may still be running it; see shigoto.runtime.limiter.
@@ -329,19 +438,23 @@ GROUP BY {column}
 # The fair claim (a queue with `fair`): round-robin across partition keys. A partition's
 # `turn` for its n-th job offered is n plus its jobs executing now, so the first job of every
 # partition is claimed before the second of any, and a partition whose jobs already fill the
-# runners waits behind one with none (claims of one slot stay fair); within a turn, claim
-# order.
+# runners waits behind one with none. Within a turn, partitions go in the order of the walk,
+# which starts just after `%(after)s`, the partition the runner's previous claim served last:
+# the executing rows alone cannot say who was served last, since a finished job's row may be
+# written back before the next claim (then its partition's turn is not raised, and ties went
+# to the oldest job: one job per claim turned FIFO).
 # - `keys` walks the distinct keys of the queue's available jobs, one index probe per key (a
 #   skip scan on shigoto_jobs_fair_claim_idx), never reading a partition's backlog; a job
-#   without a key is in partition ''. At most `window` keys per claim, from just after
-#   `{after}` (the last key the runner's previous claim walked), so a queue with thousands of
-#   keys costs the same per claim; the claimer starts again from the first key once a walk
-#   reaches the end, so every key gets its turn.
+#   without a key is in partition ''. From the first key after `after` to the last, then from
+#   the first key (`lap`) up to `after` itself, so the partition served last comes last; at
+#   most `window` keys, so a queue with thousands of keys costs the same per claim and the
+#   next claim continues where this one stopped. `after` '' (no claim yet) walks every named
+#   key, then ''.
 # - Each partition offers its first `share` jobs in claim order (LIMIT, SKIP LOCKED: rows other
 #   claims hold are passed over, never waited for), so the rows read and locked stay near
 #   `limit` plus one per partition. Each row also returns `share` (the claimer asks again
-#   when a partition gave its whole share and the claim is still short), the last key walked
-#   and whether the walk reached the end.
+#   when a partition gave its whole share and the claim is still short), and its `turn` and
+#   walk position `n` (the claimer's next `after` is the key of the greatest).
 # - `busy` counts the queue's executing jobs per partition (a scan of the executing rows only).
 #   `cap` (partition_concurrency, NULL: none) lowers each partition's share to the room its
 #   executing jobs leave, those counted like a global limit's (their runner may live); the
@@ -349,19 +462,28 @@ GROUP BY {column}
 #   decision.
 _CLAIM_FAIR = (
     """
-WITH RECURSIVE keys(k, n) AS (
-    (SELECT coalesce(partition_key, ''), 1 FROM {jobs}
-     WHERE state = {available} AND queue = %(queue)s{after}
-     ORDER BY coalesce(partition_key, '') LIMIT 1)
+WITH RECURSIVE keys(k, n, lap) AS (
+    SELECT %(after)s::text, 0, false
     UNION ALL
-    SELECT (SELECT coalesce(j.partition_key, '') FROM {jobs} AS j
-            WHERE j.state = {available} AND j.queue = %(queue)s
-              AND coalesce(j.partition_key, '') > keys.k
-            ORDER BY coalesce(j.partition_key, '') LIMIT 1),
-           keys.n + 1
-    FROM keys WHERE keys.k IS NOT NULL AND keys.n < %(window)s
+    SELECT coalesce(later.k, first.k), keys.n + 1, keys.lap OR later.k IS NULL
+    FROM keys
+    LEFT JOIN LATERAL (
+        SELECT coalesce(j.partition_key, '') AS k FROM {jobs} AS j
+        WHERE j.state = {available} AND j.queue = %(queue)s
+          AND coalesce(j.partition_key, '') > keys.k
+        ORDER BY coalesce(j.partition_key, '') LIMIT 1
+    ) AS later ON true
+    LEFT JOIN LATERAL (
+        SELECT coalesce(j.partition_key, '') AS k FROM {jobs} AS j
+        WHERE later.k IS NULL AND NOT keys.lap
+          AND j.state = {available} AND j.queue = %(queue)s
+        ORDER BY coalesce(j.partition_key, '') LIMIT 1
+    ) AS first ON true
+    WHERE keys.k IS NOT NULL AND keys.n < %(window)s
+      AND NOT (keys.lap AND keys.k >= %(after)s::text)
 ), parts AS MATERIALIZED (
-    SELECT k FROM keys WHERE k IS NOT NULL
+    SELECT k, n FROM keys
+    WHERE n > 0 AND k IS NOT NULL AND NOT (lap AND k > %(after)s::text)
 ), share AS (
     SELECT greatest(1, ceil(%(limit)s::numeric / greatest(count(*), 1)))::int AS n FROM parts
 ), locked AS MATERIALIZED (
@@ -377,7 +499,7 @@ WITH RECURSIVE keys(k, n) AS (
     WHERE j.state = {{executing}} AND j.queue = %(queue)s
     GROUP BY 1
 ), offered AS (
-    SELECT c.id, c.priority, c.scheduled_at,
+    SELECT c.id, p.n,
            coalesce(b.running, 0)
            + row_number() OVER (PARTITION BY p.k
                                 ORDER BY c.priority DESC, c.scheduled_at, c.id) AS turn
@@ -394,7 +516,7 @@ WITH RECURSIVE keys(k, n) AS (
         FOR UPDATE OF j SKIP LOCKED
     ) AS c
 ), picked AS (
-    SELECT id FROM offered ORDER BY turn, priority DESC, scheduled_at, id LIMIT %(limit)s
+    SELECT id, turn, n FROM offered ORDER BY turn, n LIMIT %(limit)s
 )
 UPDATE {{jobs}} AS j
 SET state = {{executing}}, attempt = j.attempt + 1, attempted_at = now(),
@@ -402,8 +524,7 @@ SET state = {{executing}}, attempt = j.attempt + 1, attempted_at = now(),
 FROM picked
 WHERE j.id = picked.id
 RETURNING {", ".join(f"j.{c}" for c in JOB_COLUMNS)}, (SELECT n FROM share) AS share,
-          (SELECT max(k) FROM parts) AS last_key,
-          (SELECT count(*) < %(window)s FROM parts) AS walked_to_the_end
+          picked.turn, picked.n
 """
 )
 
@@ -451,8 +572,6 @@ class Statements:
     claim_excluding_limited: str
     claim_fair: str
     claim_fair_excluding: str
-    claim_fair_after: str
-    claim_fair_excluding_after: str
     slots_held: str
     complete: str
     put_back: str
@@ -469,6 +588,9 @@ class Statements:
     stale_executing: str
     get_job: str
     job_state: str
+    cancel_requests: str
+    own_executing: str
+    rescue_own: str
     rescue: str
     forget_nodes: str
     pending_workers: str
@@ -476,6 +598,7 @@ class Statements:
     notify_discards: str
     take_liveness: str
     prove: str
+    lock_stopped_attempts: str
     busy_by_queue: str
     busy_by_worker: str
     lock_scope: str
@@ -503,16 +626,17 @@ _FIXED_PARTS: dict[str, sql.Composable] = {
     "exclude": sql.SQL(""),
     "limit": sql.SQL("%(limit)s"),
     "min_priority": sql.SQL("coalesce(%(min_priority)s::int, -2147483648)"),
-    "after": sql.SQL(""),
     "pending": sql.Literal(ON_DISCARD_PENDING),
+    "final": sql.SQL(
+        "(CASE WHEN j.cancel_requested_at IS NOT NULL AND u.state <> {c} THEN {x} "
+        "ELSE u.state END)"
+    ).format(c=_literal(JobState.COMPLETED), x=_literal(JobState.CANCELLED)),
     "discard_channel": sql.Literal(DISCARD_CHANNEL),
 }
 
 # The claim's variants: leaving saturated workers out, and capped by a queue's global limit.
 _EXCLUDE = sql.SQL(" AND worker <> ALL(%(exclude)s::text[])")
 _LIMITED = sql.SQL("least(%(limit)s, %(room)s)")
-# The fair claim's walk over keys, continued after the previous claim's last key.
-_AFTER = sql.SQL(" AND coalesce(partition_key, '') > %(after)s")
 # The database's own clock, for statements that ops runs outside any service.
 _DB_NOW = sql.SQL("now()")
 
@@ -566,6 +690,9 @@ def statements(schema: str) -> Statements:
         "stale_executing": _STALE_EXECUTING,
         "get_job": _GET_JOB,
         "job_state": _JOB_STATE,
+        "cancel_requests": _CANCEL_REQUESTS,
+        "own_executing": _OWN_EXECUTING,
+        "rescue_own": _RESCUE_OWN,
         "rescue": _RESCUE,
         "forget_nodes": _FORGET_NODES,
         "pending_workers": _PENDING_WORKERS,
@@ -573,6 +700,7 @@ def statements(schema: str) -> Statements:
         "notify_discards": _NOTIFY_DISCARDS,
         "take_liveness": _TAKE_LIVENESS,
         "prove": _PROVE,
+        "lock_stopped_attempts": _LOCK_STOPPED_ATTEMPTS,
         "lock_scope": _LOCK_SCOPE,
         "acquire_lease": _ACQUIRE,
         "resign_lease": _RESIGN,
@@ -582,10 +710,6 @@ def statements(schema: str) -> Statements:
         "claim_limited": _compose(_CLAIM, schema, limit=_LIMITED),
         "claim_excluding_limited": _compose(_CLAIM, schema, exclude=_EXCLUDE, limit=_LIMITED),
         "claim_fair_excluding": _compose(_CLAIM_FAIR, schema, exclude=_EXCLUDE),
-        "claim_fair_after": _compose(_CLAIM_FAIR, schema, after=_AFTER),
-        "claim_fair_excluding_after": _compose(
-            _CLAIM_FAIR, schema, exclude=_EXCLUDE, after=_AFTER
-        ),
         "archive": _compose(_ARCHIVE, schema, now=_DB_NOW),
         "delete_archived": _compose(_DELETE_ARCHIVED, schema, now=_DB_NOW),
         "busy_by_queue": _compose(_BUSY, schema, column=sql.Identifier("j", "queue")),

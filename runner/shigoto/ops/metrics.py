@@ -64,6 +64,8 @@ DELAY_BUCKETS = (
 )  # fmt: skip
 #: The attempt a job finished on: the default max_attempts is 20.
 ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 7, 10, 15, 20, 25, 50, 100, float("inf"))
+#: Seconds an event loop stayed blocked (from the threshold, 1 s by default, up).
+LOOP_BUCKETS = (1, 2, 5, 10, 30, 60, 120, 300, float("inf"))
 
 #: Event name -> the counter attribute it increments.
 _OUTCOME_COUNTERS = {
@@ -88,6 +90,7 @@ _CLAIM_EVENTS = ("job.claim", "producer.claim", "queue.add", "queue.remove")
 _CLIENT_EVENTS = ("job.insert", "operator.cancel")
 #: Outcomes that end a job for good (a retry, a snooze do not): its attempt count is final.
 _FINAL_EVENTS = frozenset({"job.stop", "job.discard", "job.cancel"})
+_LOOP_EVENTS = ("runner.loop_blocked",)
 
 JOB_LABELS = ("queue", "worker")
 #: The label of every queue or worker this runner does not know (see the module docstring).
@@ -176,6 +179,11 @@ class RunnerMetrics:
             "shigoto_load_shedding_min_priority", "The lowest priority this runner still claims "
             "from the queue while it sheds.", ("queue",), registry=self.registry,
         )  # fmt: skip
+        self.loop_blocked = Histogram(
+            "shigoto_event_loop_blocked_seconds", "Stalls of this runner's event loop longer "
+            "than its threshold (an async worker calling blocking code), by length.",
+            buckets=LOOP_BUCKETS, registry=self.registry,
+        )  # fmt: skip
         self._claim_metrics()
         self._client_metrics()
         if process_metrics:
@@ -233,7 +241,8 @@ class RunnerMetrics:
         """Start following this node's job events (idempotent)."""
         if self._handle is None:
             events = {*_OUTCOME_COUNTERS, *_RELATION_COUNTERS, *_FANOUT_EVENTS, *_FLOW_EVENTS,
-                      *_CLAIM_EVENTS, *(_CLIENT_EVENTS if self.client_events else ())}
+                      *_CLAIM_EVENTS, *_LOOP_EVENTS,
+                      *(_CLIENT_EVENTS if self.client_events else ())}
             self._handle = telemetry.attach(self.handle, events)
 
     def detach(self) -> None:
@@ -251,6 +260,9 @@ class RunnerMetrics:
             return
         if event in _CLAIM_EVENTS:
             self._claim(event, measurements, metadata)
+            return
+        if event in _LOOP_EVENTS:
+            self.loop_blocked.observe(float(measurements.get("duration") or 0.0))
             return
         if event in _RELATION_COUNTERS:
             labels = (self._label(str(metadata.get("from_queue") or metadata.get("queue")),

@@ -40,13 +40,14 @@ def job_rows(_cursor: Any) -> RowMaker[Job]:
 
 @dataclass(frozen=True, slots=True)
 class FairRow:
-    """One row of the fair claim: the job, the share each partition was offered, the last
-    partition key the claim walked and whether its walk reached the last key."""
+    """One row of the fair claim: the job, the share each partition was offered, and the
+    job's place in the round robin (its partition's `turn`, then its key's place `n` in the
+    walk that started after the last partition served)."""
 
     job: Job
     share: int
-    last_key: str
-    walked_to_the_end: bool
+    turn: int
+    n: int
 
 
 def _fair_rows(_cursor: Any) -> RowMaker[FairRow]:
@@ -74,12 +75,14 @@ def more_to_offer(rows: list[FairRow], wanted: int) -> bool:
     return max(given.values()) >= rows[0].share
 
 
-def next_after(rows: list[FairRow]) -> str | None:
-    """Where the next fair claim's walk over partition keys starts: after the last key this
-    one walked, or (None) from the first key once a walk reached the end or found nothing."""
-    if not rows or rows[0].walked_to_the_end:
+def last_served(rows: list[FairRow]) -> str | None:
+    """The partition a fair claim served last in round-robin order (the greatest turn, then
+    the latest in the walk): the next claim's walk starts after it, so the partitions this
+    claim passed over come first. None when the claim took nothing."""
+    if not rows:
         return None
-    return rows[0].last_key
+    last = max(rows, key=lambda row: (row.turn, row.n))
+    return last.job.partition_key or ""
 
 
 class Claimer:
@@ -107,7 +110,8 @@ class Claimer:
         self.local_excluded = local_excluded
         self.fanout_ids: set[int] = set()
         self.fair_window = FAIR_WINDOW
-        #: Per fair queue, the partition key the next claim's walk starts after.
+        #: Per fair queue, the partition this runner's last fair claim served last: the next
+        #: claim's round robin starts after it ('' before the first claim).
         self._fair_after: dict[str, str] = {}
 
     @property
@@ -176,35 +180,23 @@ class Claimer:
     async def _fair_rounds(self, conn: Any, params: dict[str, Any]) -> list[Job]:
         """Claim in rounds until the claim is full, nothing more is offered, or `FAIR_ROUNDS`:
         each round ranks what is left, so the second round is as fair as the first. Every
-        round walks the same window of keys; the next claim walks the next one."""
+        round walks from the same partition; the next claim, from the one served last."""
         queue, wanted = params["queue"], params["limit"]
-        after = self._fair_after.get(queue)
+        excluding = bool(params.get("exclude"))
+        statement = self.stmts.claim_fair_excluding if excluding else self.stmts.claim_fair
+        params = {**params, "after": self._fair_after.get(queue, "")}
         cur = conn.cursor(row_factory=_fair_rows)
-        jobs: list[Job] = []
-        walked: list[FairRow] = []
+        claimed: list[FairRow] = []
         for _ in range(FAIR_ROUNDS):
-            statement = self._fair_statement(bool(params.get("exclude")), after is not None)
-            await cur.execute(statement, {**params, "limit": wanted - len(jobs), "after": after})
+            await cur.execute(statement, {**params, "limit": wanted - len(claimed)})
             rows = await cur.fetchall()
-            if not rows and after is not None:  # nothing after the last key: from the first
-                after = None
-                continue
-            jobs += [row.job for row in rows]
-            walked = rows or walked
-            if not more_to_offer(rows, wanted - len(jobs) + len(rows)):
+            claimed += rows
+            if not more_to_offer(rows, wanted - len(claimed) + len(rows)):
                 break
-        following = next_after(walked)
-        if following is None:
-            self._fair_after.pop(queue, None)
-        else:
-            self._fair_after[queue] = following
-        return jobs
-
-    def _fair_statement(self, excluding: bool, after: bool) -> str:
-        stmts = self.stmts
-        if excluding:
-            return stmts.claim_fair_excluding_after if after else stmts.claim_fair_excluding
-        return stmts.claim_fair_after if after else stmts.claim_fair
+        served = last_served(claimed)
+        if served is not None:
+            self._fair_after[queue] = served
+        return [row.job for row in claimed]
 
     @staticmethod
     async def _claim_rows(conn: Any, statement: str, params: dict[str, Any]) -> list[Job]:

@@ -125,15 +125,57 @@ class Completer(Service):
         self._room = asyncio.Event()
         self._room.set()
         self._stopping = False
+        #: Completions handed over, and how many of them are written (or given up on, for
+        #: the rescuer): batches go out in submission order, so one count says which.
+        self._submitted = 0
+        self._written = 0
+        self._written_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        #: The batch being written now (no longer in `_pending`).
+        self._in_flight: list[Completion] = []
 
-    def submit(self, completion: Completion) -> None:
+    def submit(self, completion: Completion) -> int:
         """Never waits: the attempt is over and its outcome must not be lost. The bound is
-        kept by the producers instead, which wait for room before claiming."""
+        kept by the producers instead, which wait for room before claiming. Returns the
+        completion's place in line, for `wait_written`."""
+        self._submitted += 1
         self._pending.append(completion)
         self._idle.clear()
         self._ready.set()
         if self.full:
             self._room.clear()
+        return self._submitted
+
+    async def wait_written(self, place: int) -> None:
+        """Return once the completion `submit` placed at `place` is written."""
+        if self._written >= place:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._written_waiters.append((place, waiter))
+        await waiter
+
+    def _count_written(self, n: int) -> None:
+        self._written += n
+        waiting = []
+        for place, waiter in self._written_waiters:
+            if place <= self._written:
+                if not waiter.done():
+                    waiter.set_result(None)
+            else:
+                waiting.append((place, waiter))
+        self._written_waiters = waiting
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until everything submitted so far is written, without stopping; False if
+        that did not happen within `timeout`."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def holds(self) -> set[int]:
+        """Ids of the jobs whose outcome is waiting here or being written."""
+        return {c.job.id for c in self._pending} | {c.job.id for c in self._in_flight}
 
     @property
     def backlog(self) -> int:
@@ -167,7 +209,12 @@ class Completer(Service):
         batch = self._pending[:MAX_BATCH]
         del self._pending[:MAX_BATCH]
         self._taken()
-        await self._flush(batch)
+        self._in_flight = batch
+        try:
+            await self._flush(batch)
+        finally:
+            self._in_flight = []
+        self._count_written(len(batch))
         return len(batch)
 
     def retry_wait(self, failures: int) -> float:

@@ -27,6 +27,7 @@ the type (a `DecryptionError`, which names key id and job only, is kept whole).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import json
@@ -34,9 +35,9 @@ import logging
 import re
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -94,6 +95,10 @@ class Completion:
     #: The last progress the perform reported: written with the outcome, so it can never be
     #: lost to a progress write that lands after the attempt has ended.
     progress: int | None = None
+    #: What runs once the outcome is written (the worker's `on_discard`): never before, so a
+    #: callback cannot outlive an outcome that was lost, and never inside the job's task, so a
+    #: shutdown cancelling unfinished performs cannot cut it short and put the job back.
+    after: Callable[[], Awaitable[None]] | None = field(default=None, compare=False)
 
 
 def error_entry(
@@ -213,6 +218,9 @@ class JobExecutor:
         self._cancel_requests: dict[int, str] = {}
         #: Performs given up on whose thread still runs them, by job id.
         self._abandoned: dict[int, Future[Any]] = {}
+        #: Jobs whose perform has ended (its outcome is decided) while their task still
+        #: completes them: neither a shutdown nor a cancel may interrupt those any more.
+        self._decided: set[int] = set()
 
     def still_running(self, job_id: int) -> bool:
         """Whether a perform of `job_id` that was given up on (timed out, cancelled) still
@@ -226,9 +234,45 @@ class JobExecutor:
         if running and timeout > 0:
             await asyncio.wait(running, timeout=timeout)
 
-    def request_cancel(self, job_id: int, reason: str) -> None:
-        """Mark `job_id` as cancelled from outside, before its task is cancelled."""
+    def when_stopped(self, job_id: int, then: Callable[[], None]) -> None:
+        """Call `then` on the loop once no thread runs a perform of `job_id` any more (at
+        once if none does): an attempt's outcome is recorded only after its work stopped, or
+        a new attempt could start beside a perform its timeout or a cancel gave up on."""
+        future = self._abandoned.get(job_id)
+        if future is None:
+            then()
+            return
+        loop = asyncio.get_running_loop()
+
+        def stopped(_f: Future[Any]) -> None:
+            # On the perform's thread. A loop already closed means the runner has exited:
+            # the job stays executing for the rescuer, as it would have anyway.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(then)
+
+        future.add_done_callback(stopped)
+
+    def decided(self, job_id: int) -> bool:
+        """Whether the perform of `job_id` has ended: its outcome is decided, and only its
+        recording is left to do."""
+        return job_id in self._decided
+
+    def forget(self, job_id: int) -> None:
+        """The task of `job_id` has ended."""
+        self._decided.discard(job_id)
+
+    def request_cancel(self, job_id: int, reason: str) -> bool:
+        """An operator asked to cancel `job_id`: note why, for its outcome. Returns whether
+        its task should be cancelled to stop the perform; False once the perform has ended
+        (the completion write turns any outcome but success into `cancelled` itself)."""
+        if job_id in self._decided:
+            return False
         self._cancel_requests[job_id] = reason
+        return True
+
+    def take_cancel_request(self, job_id: int) -> str | None:
+        """The reason of a cancel asked for `job_id` that no perform has answered yet."""
+        return self._cancel_requests.pop(job_id, None)
 
     async def execute(self, job: Job) -> Completion:
         started = time.monotonic()
@@ -250,13 +294,17 @@ class JobExecutor:
             ctx = self._context(job, worker)
             outcome: Any = await self._perform(job, worker, ctx)
         except asyncio.CancelledError:
-            self._cancelled(job, time.monotonic() - started)
-            raise
+            reason = self._cancel_requests.pop(job.id, None)
+            if reason is None:  # shutdown: the job is put back, not an outcome
+                raise
+            _uncancel()  # the operator's cancel stopped the perform; it is this job's outcome
+            outcome = _OperatorCancel(reason)
         except Outcome as raised:
             outcome = raised
         except BaseException as error:
             outcome = _Failure(error)
         finally:
+            self._decided.add(job.id)
             self._cancel_requests.pop(job.id, None)  # one that came as the perform ended
             if ctx is not None:
                 ctx._request_cancel()  # the attempt is over, whatever a straggler still does
@@ -293,17 +341,13 @@ class JobExecutor:
                   for k, v in results.items()}  # fmt: skip
         return set_parent_results(opened)
 
-    def cancelled_unstarted(self, job: Job, reason: str) -> None:
-        """An operator cancelled `job` while it waited, claimed ahead, for a slot: the same
-        event and log line as a cancel mid-perform, with no perform to stop."""
-        self._report_cancel(job, 0.0, reason)
-
-    def _cancelled(self, job: Job, duration: float) -> None:
-        """The job's task was cancelled: by an operator's cancel, or by shutdown."""
-        reason = self._cancel_requests.pop(job.id, None)
-        if reason is None:
-            return  # shutdown: the job is put back, not an outcome
+    def operator_cancelled(self, job: Job, reason: str, duration: float = 0.0) -> Completion:
+        """The outcome of a job an operator cancelled: reported, and recorded as `cancelled`
+        with the reason as its last error."""
         self._report_cancel(job, duration, reason)
+        entry = {"attempt": job.attempt, "error": _clean(f"Cancelled: {reason}"),
+                 "traceback": ""}  # fmt: skip
+        return Completion(job, JobState.CANCELLED, error=entry)
 
     def _report_cancel(self, job: Job, duration: float, reason: str) -> None:
         telemetry.emit(
@@ -384,7 +428,12 @@ class JobExecutor:
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                # It returned as the cancel landed: that is its outcome, decided already.
+                _uncancel()
+                return future.result()
             # Timed out or cancelled: ask the perform to stop, and never wait for it again.
+            # Its outcome is recorded only once the thread has left it (`when_stopped`).
             ctx._request_cancel()
             self._abandoned[job.id] = future
             future.add_done_callback(lambda _f: self._abandoned.pop(job.id, None))
@@ -409,6 +458,8 @@ class JobExecutor:
         self, job: Job, worker: Worker | None, outcome: Any, duration: float, sealed: bool
     ) -> Completion:
         meta = {"job": job, "node": self.node}
+        if isinstance(outcome, _OperatorCancel):
+            return self.operator_cancelled(job, outcome.reason, duration)
         if isinstance(outcome, Snooze):
             telemetry.emit("job.snooze", {"duration": duration, "snooze": outcome.seconds}, meta)
             log.debug("job %s (%s) snoozed for %gs", job.id, job.worker, outcome.seconds,
@@ -534,13 +585,16 @@ class JobExecutor:
         )
         log.info("job %s (%s) discarded after attempt %d: %s", job.id, job.worker, job.attempt,
                  _describe(error, sealed), extra=_fields(job))  # fmt: skip
+        after = None
         if worker is not None:
             # The database stamps `at` on its own copy when the completion is written; give
             # on_discard the final error in the same shape as the recorded ones (and, for an
-            # encrypted job, the earlier ones opened).
+            # encrypted job, the earlier ones opened). It runs once the outcome is written.
             final = {**entry, "at": datetime.now(UTC).isoformat()}
-            await self.on_discard(job, worker, [*self._opened_errors(job), final], sealed)
-        return Completion(job, JobState.DISCARDED, error=self._stored(job, entry, sealed))
+            after = functools.partial(self.on_discard, job, worker,
+                                      [*self._opened_errors(job), final], sealed)  # fmt: skip
+        return Completion(job, JobState.DISCARDED, error=self._stored(job, entry, sealed),
+                          after=after)  # fmt: skip
 
     def _opened_errors(self, job: Job) -> list[dict[str, Any]]:
         """`job.errors` with each sealed detail opened where this runner can (an entry that
@@ -620,6 +674,21 @@ def _describe(error: BaseException, sealed: bool = False) -> str:
 @dataclass(frozen=True, slots=True)
 class _Failure:
     error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class _OperatorCancel:
+    """A perform stopped because an operator cancelled its job (`shigoto cancel`)."""
+
+    reason: str
+
+
+def _uncancel() -> None:
+    """Take back the cancel this task just handled, so later awaits (and timeouts) of the
+    same task behave as if it had never been cancelled."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
 
 
 def _queue_time(job: Job) -> float | None:

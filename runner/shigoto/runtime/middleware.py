@@ -11,7 +11,8 @@ The runner's own concerns are middlewares, outermost first:
 - `PrepareWorker`: an allowed lazy import of the worker's module, on a thread;
 - `GlobalLimits`: a worker's global concurrency limit admits the job or hands it back (it also
   tells the claim which workers are saturated, and wakes limited queues once outcomes are
-  written, since a job counts against its limits until then);
+  written, since a job counts against its limits until then); while the limiter's fence is
+  closed, it starts no limited job at all;
 - `StuckThreadsGuard`: after each job, counts sync performs that outlived their deadline;
 - `ProgressWriter`: writes `current_job().progress(...)` reports in the background, one
   writer per job, always the newest value;
@@ -48,7 +49,7 @@ from shigoto.encryption import JobBinding
 from shigoto.encryption.sealing import sealed_or_plain
 from shigoto.job import Job
 from shigoto.middleware import ExecutionMiddleware, is_async
-from shigoto.runtime.limiter import count_busy, lock_scope, scope_key
+from shigoto.runtime.limiter import Fence, count_busy, lock_scope, scope_key
 from shigoto.worker import WorkerResolver, registered
 
 if TYPE_CHECKING:  # the executor imports this module for UserChain
@@ -98,6 +99,11 @@ class GlobalLimits:
     lock, it fits; otherwise it is handed back untouched (attempt not consumed) in the same
     transaction and the chain ends with `None`. Queue limits are applied by the claim itself
     (see `shigoto.runtime.limiter`).
+
+    `fence` (the limiter's): while it is closed this runner may be counted out by the others,
+    so no limited job starts here (one claimed just before is held for the limiter to put
+    back, and the chain ends with `None`) and every limited worker counts as saturated, so
+    claims leave their jobs in the queue.
     """
 
     def __init__(
@@ -106,13 +112,27 @@ class GlobalLimits:
         stmts: statements.Statements,
         node: str,
         queue_limited: Callable[[str], bool],
+        fence: Fence | None = None,
     ) -> None:
         self._pool = pool
         self.stmts = stmts
         self.schema = stmts.schema
         self.node = node
         self.queue_limited = queue_limited
+        self.fence = fence
         self._notifying: set[asyncio.Future[None]] = set()
+
+    @property
+    def fenced(self) -> bool:
+        """Whether limited jobs must neither be claimed nor started here now."""
+        return self.fence is not None and self.fence.fenced
+
+    def limited(self, job: Job) -> bool:
+        """Whether `job` counts against a global limit: its queue's (or its queue's cap per
+        partition) or its worker's. Those are the jobs the fence stops."""
+        if self.queue_limited(job.queue):
+            return True
+        return bool(getattr(registry.get(job.worker), "global_concurrency", None))
 
     @staticmethod
     def worker_limits() -> dict[str, int]:
@@ -123,9 +143,20 @@ class GlobalLimits:
     async def __call__(self, job: Job, call_next: Next) -> Completion | None:
         # This worker's limit only: copying the whole registry per job cost more than the job.
         limit = getattr(registry.get(job.worker), "global_concurrency", None) or None
+        if self.fenced and (limit is not None or self.queue_limited(job.queue)):
+            self._refuse_fenced(job)
+            return None
         if limit is not None and not await self._admit(job, limit):
             return None
         return await call_next(job)
+
+    def _refuse_fenced(self, job: Job) -> None:
+        """A limited job claimed as the fence closed: never started; it stays executing
+        until the limiter puts it back, once this runner proves itself again."""
+        assert self.fence is not None
+        self.fence.hold(job)
+        log.info("job %s (%s) not started: this runner is fenced off its global limits",
+                 job.id, job.worker, extra={"job_id": job.id, "worker": job.worker})  # fmt: skip
 
     @property
     def pool(self) -> AsyncConnectionPool:
@@ -145,10 +176,13 @@ class GlobalLimits:
         return False
 
     async def saturated(self, conn: psycopg.AsyncConnection[Any]) -> list[str]:
-        """Limited workers whose every slot is taken somewhere; the claim leaves their jobs."""
+        """Limited workers whose every slot is taken somewhere (all of them while fenced);
+        the claim leaves their jobs."""
         limits = self.worker_limits()
         if not limits:
             return []
+        if self.fenced:
+            return sorted(limits)
         busy = await count_busy(conn, self.schema, "worker", list(limits))
         return sorted(name for name, limit in limits.items() if busy.get(name, 0) >= limit)
 

@@ -167,3 +167,54 @@ def _resolves(executor: JobExecutor, worker: str) -> bool:
     except Exception:
         return False
     return True
+
+
+class OrphanSweep(Service):
+    """Returns this runner's own orphans: rows executing on its node that no task of its
+    holds any more (an outcome the database refused even without its result, a hand-back or
+    a put-back that failed). The leader never rescues a node that holds its liveness lock, so
+    without this they would stay `executing` for as long as the runner lives.
+
+    A row counts only if it was claimed more than `rescue_after` ago (no claim still on its
+    way to a producer) and `held()`, read after the row, does not name it: a job that finished
+    since is either being written (held) or written already (the update's guard skips it).
+    """
+
+    name = "orphan-sweep"
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        schema: str,
+        node: str,
+        held: Callable[[], set[int]],
+        *,
+        rescue_after: float,
+        interval: float,
+        clock: Clock = SYSTEM,
+    ) -> None:
+        super().__init__(interval, clock=clock)
+        self.pool = pool
+        self.stmts = statements.statements(schema)
+        self.node = node
+        self.held = held
+        self.rescue_after = rescue_after
+
+    async def run_once(self) -> list[int]:
+        params = {"node": self.node, "after": self.rescue_after, "now": database_now(self.clock)}
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self.stmts.own_executing, params)
+            rows = await cur.fetchall()
+            held = self.held()
+            orphans = [(job_id, attempt) for job_id, attempt in rows if job_id not in held]
+            if not orphans:
+                return []
+            cur = await conn.execute(self.stmts.rescue_own, {
+                **params, "ids": [o[0] for o in orphans], "attempts": [o[1] for o in orphans],
+                "default_max": DEFAULT_MAX_ATTEMPTS,
+            })  # fmt: skip
+            back = [r[0] for r in await cur.fetchall()]
+        if back:
+            log.warning("returned %d jobs of this node that no task held any more: %s",
+                        len(back), back, extra={"node": self.node, "job_ids": back})  # fmt: skip
+        return back

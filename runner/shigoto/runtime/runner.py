@@ -43,6 +43,7 @@ from shigoto.job import Job
 from shigoto.relations import events as relation_events
 from shigoto.runtime import event_loop, fanout, rescuer
 from shigoto.runtime.bulkhead import Bulkheads
+from shigoto.runtime.cancels import CancelRequests
 from shigoto.runtime.capacity import Capacity
 from shigoto.runtime.claimer import Claimer
 from shigoto.runtime.completer import Completer
@@ -57,6 +58,7 @@ from shigoto.runtime.executor import (
 from shigoto.runtime.flow_control import FlowControl
 from shigoto.runtime.heap import freeze_startup_heap
 from shigoto.runtime.limiter import Limiter
+from shigoto.runtime.loop_watch import LoopWatch
 from shigoto.runtime.middleware import (
     GlobalLimits,
     ParentResults,
@@ -69,7 +71,7 @@ from shigoto.runtime.node import Heartbeat, new_node_id
 from shigoto.runtime.notifier import Notifier
 from shigoto.runtime.producer import HOLD_LIMIT, Producer
 from shigoto.runtime.pruner import Pruner
-from shigoto.runtime.rescuer import STUCK_AFTER, Rescuer
+from shigoto.runtime.rescuer import STUCK_AFTER, OrphanSweep, Rescuer
 from shigoto.runtime.sampler import Sampler
 from shigoto.runtime.shedding import Shedding
 from shigoto.runtime.stager import Stager
@@ -82,6 +84,10 @@ log = logging.getLogger("shigoto.runner")
 #: that checks `current_job().cancelled` does): only a perform that has really stopped may be
 #: put back for another runner.
 PUT_BACK_GRACE = 5.0
+#: Seconds a shutdown waits, past its timeout, for jobs whose perform has ended to have their
+#: outcome recorded (a worker's `backoff` may take up to its callback timeout); a decided
+#: outcome is never put back.
+RECORD_GRACE = 10.0
 
 
 def _loads_json(data: bytes) -> Any:
@@ -199,7 +205,11 @@ class Runner:
         self.limiter = Limiter(self.url, self.schema, self.node, clock=clock)
         self.stmts = statements.statements(self.schema)
         self.limits = GlobalLimits(lambda: self._pool, self.stmts, self.node,
-                                   self._queue_limited)  # fmt: skip
+                                   self._queue_limited, fence=self.limiter.fence)  # fmt: skip
+        self.limiter.fence.on_fence = self._fence_limited
+        self.limiter.fence.on_lift = lambda: [p.wake() for p in self.producers.values()]
+        self.limiter.fence.still_running = lambda job_id: (
+            self._executor is not None and self._executor.still_running(job_id))  # fmt: skip
         self.progress = ProgressWriter(lambda: self._pool, self.stmts)
         self.flow = FlowControl(
             lambda: self._pool, self.stmts, self.node, clock=clock,
@@ -228,6 +238,13 @@ class Runner:
         self._executor: JobExecutor | None = None
         self._execute_chain: Any = None
         self._notifying: set[asyncio.Future[None]] = set()
+        self._cancels: CancelRequests | None = None
+        #: Reports an event loop blocked by a worker (runtime.loop_watch).
+        self.loop_watch = LoopWatch(self.node, JobExecutor.execute.__code__)
+        #: Steps that run once an outcome is written (`Completion.after`: on_discard).
+        self._afters: set[asyncio.Task[None]] = set()
+        #: Outcomes decided but held back until a thread leaves the perform (`_record`).
+        self._deferred: set[int] = set()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -307,6 +324,8 @@ class Runner:
         heartbeat = Heartbeat(pool, self.stmts, self.node, lambda: dict(self.queues),
                               s.heartbeat_interval, clock=self.clock)  # fmt: skip
         await heartbeat.run_once()
+        self._cancels = CancelRequests(pool, self.stmts, self.node, self._cancel_executing,
+                                       interval=max(s.heartbeat_interval, 0.5))  # fmt: skip
         channels = [statements.INSERT_CHANNEL, statements.CANCEL_CHANNEL, rescuer.DISCARD_CHANNEL,
                     relation_events.RELATIONS_CHANNEL]
         notifier = Notifier(self.url, channels, self._dispatch)
@@ -322,6 +341,10 @@ class Runner:
                                stuck_after=self.stuck_after, on_discard=self._pending_discards,
                                clock=self.clock),
             "heartbeat": heartbeat,
+            "cancel-requests": self._cancels,
+            "orphan-sweep": OrphanSweep(pool, self.schema, self.node, self._held_ids,
+                                        rescue_after=s.effective_rescue_after,
+                                        interval=s.rescue_interval, clock=self.clock),
             "sampler": Sampler(pool, self.schema, self.node, is_leader=leader, clock=self.clock),
             "fanout-sweeper": fanout.FanoutSweeper(pool, self.schema, s.stage_interval,
                                                    is_leader=leader, clock=self.clock,
@@ -345,6 +368,7 @@ class Runner:
                           "completer": self._completer, "notifier": notifier, **services}
         for service in self._services.values():
             service.start()
+        self.loop_watch.start()
         for queue, concurrency in self.queues.items():
             self._start_producer(queue, concurrency)
         try:
@@ -375,6 +399,7 @@ class Runner:
             producer.stop_claiming()
         await self._drain_producers(producers, self.settings.shutdown_timeout)
         assert self._completer is not None
+        await self._finish_afters()
         if not await self._completer.drain(timeout=10):
             log.error("%d completions could not be recorded before exit; those jobs stay "
                       "executing until rescued", self._completer.backlog)  # fmt: skip
@@ -390,6 +415,7 @@ class Runner:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._services.clear()
+        self.loop_watch.stop()
         log.info("runner %s stopped", self.node)
 
     async def _stop_heartbeat(self, heartbeat: Heartbeat) -> None:
@@ -405,7 +431,10 @@ class Runner:
             await asyncio.gather(task, return_exceptions=True)
 
     async def _drain_producers(self, producers: list[Producer], timeout: float) -> None:
-        """Wait for in-flight jobs, then cancel the rest and put them back."""
+        """Wait for in-flight jobs; then stop the performs still running and put those jobs
+        back. A job whose perform has ended keeps its outcome: it is recorded, never put back
+        and run again (its `backoff` may still be running: that is waited for, within
+        `RECORD_GRACE`)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         # A claim in flight has already committed its jobs: let the producer loop finish it
@@ -420,13 +449,25 @@ class Runner:
                 task.cancel()
         remaining = max(deadline - loop.time(), 0.0)
         await asyncio.gather(*(p.wait_drained(remaining) for p in producers))
+        assert self._executor is not None and self._completer is not None
         leftover = [(job, task) for p in producers for job, task in p.running.values()]
-        for _, task in leftover:
+        stopped = [(job, task) for job, task in leftover
+                   if not self._executor.decided(job.id)]  # fmt: skip
+        for _, task in stopped:
             task.cancel()
-        await asyncio.gather(*(task for _, task in leftover), return_exceptions=True)
-        assert self._executor is not None
+        if leftover:
+            await asyncio.wait([task for _, task in leftover], timeout=RECORD_GRACE)
+        for job, task in leftover:
+            if not task.done():  # a decided job whose recording hangs: the rescuer's
+                log.warning("job %s: its outcome was not recorded within %.0fs of the shutdown "
+                            "timeout; it stays executing until rescued", job.id, RECORD_GRACE,
+                            extra={"node": self.node, "job_id": job.id})  # fmt: skip
+                task.cancel()
         await self._executor.wait_stopped([job.id for job, _ in leftover], PUT_BACK_GRACE)
-        back, running = self._stopped_jobs([job for job, _ in leftover])
+        # Outcomes first: a put-back only moves rows still executing, so every outcome decided
+        # before it must be written before it.
+        await self._completer.wait_idle(RECORD_GRACE)
+        back, running = self._stopped_jobs([job for job, _ in stopped])
         if running:
             log.warning("jobs %s still run on threads that cannot be stopped: left executing, "
                         "for the rescuer to return once this node is gone", running,
@@ -437,11 +478,19 @@ class Runner:
     def _stopped_jobs(self, jobs: list[Job]) -> tuple[list[int], list[int]]:
         """Split cancelled jobs into those whose perform has really stopped (safe to hand to
         another runner, attempt given back) and sync ones whose thread still runs them: putting
-        those back would let a second runner run the job while the first copy still does."""
+        those back would let a second runner run the job while the first copy still does.
+        Jobs whose perform ended as the cancel landed have their outcome, and are neither."""
         assert self._executor is not None
-        back = [job.id for job in jobs if not self._executor.still_running(job.id)]
+        back = [job.id for job in jobs if not self._executor.still_running(job.id)
+                and not self._executor.decided(job.id)]  # fmt: skip
         running = [job.id for job in jobs if self._executor.still_running(job.id)]
         return back, running
+
+    async def _finish_afters(self) -> None:
+        """Let the steps that follow written outcomes (on_discard) run to their end: they are
+        bounded by the callback timeout, and cutting one short would skip it for good."""
+        if self._afters:
+            await asyncio.wait(list(self._afters), timeout=self.callback_timeout + 10)
 
     async def _hand_back_held(self, job: Job) -> None:
         """A job claimed ahead waited too long for a slot: back to the queue, unperformed."""
@@ -534,10 +583,22 @@ class Runner:
     # -- the job path ---------------------------------------------------------------------
 
     async def _claim(self, queue: str, limit: int) -> list[Job]:
+        if self.limits.fenced and self._queue_limited(queue):
+            return []  # the fence's lift wakes the producer
+        asked = self.shedding.monotonic() if self.shedding is not None else 0.0
         jobs = await self.claimer.claim(self.producers.get(queue), queue, limit)
         if self.shedding is not None:
-            self.shedding.claimed(jobs)
+            self.shedding.claimed(jobs, asked)  # their wait started with the ask
         return jobs
+
+    def _held_ids(self) -> set[int]:
+        """Every job whose row this runner is responsible for now: claimed and not finished,
+        its outcome waiting for a thread or being written, or a fan-out delivery."""
+        held = {job_id for p in self.producers.values() for job_id in p.running}
+        held |= self._deferred | set(self.claimer.fanout_ids) | self.limiter.fence.holding()
+        if self._completer is not None:
+            held |= self._completer.holds()
+        return held
 
     def _held_jobs(self) -> list[Job]:
         """Every job this runner's producers hold now: claimed and not finished."""
@@ -549,7 +610,21 @@ class Runner:
         runner takes it again later instead of holding its job open while it lives."""
         try:
             completion = await self._execute_chain(job)
+        except asyncio.CancelledError:
+            # An operator's cancel that stopped the job before its perform began (a
+            # middleware's admission): its outcome is `cancelled` all the same.
+            assert self._executor is not None
+            reason = self._executor.take_cancel_request(job.id)
+            if reason is None:
+                raise
+            _uncancel()
+            completion = self._executor.operator_cancelled(job, reason)
+            self._record(completion)
         finally:
+            assert self._executor is not None
+            self._executor.forget(job.id)
+            if self._cancels is not None:
+                self._cancels.forget(job.id)
             if self.shedding is not None:
                 self.shedding.forget(job.id)
         if completion is None and job.id in self.claimer.fanout_ids:
@@ -568,8 +643,35 @@ class Runner:
         if job.id in self.claimer.fanout_ids:
             await self._finish_delivery(completion)
         else:
-            self._completer.submit(completion)
+            self._record(completion)
         return completion
+
+    def _record(self, completion: Completion) -> None:
+        """Hand the outcome to the completer once no thread runs the perform any more (at
+        once, unless a timeout or a cancel gave up on a sync perform that still runs): until
+        then the job stays `executing` here, so no other attempt of it can start."""
+        assert self._executor is not None
+        self._deferred.add(completion.job.id)
+        self._executor.when_stopped(completion.job.id, lambda: self._deliver(completion))
+
+    def _deliver(self, completion: Completion) -> None:
+        """Submit the outcome; its after-step (on_discard) waits for the write, in a task of
+        its own that a shutdown lets finish."""
+        assert self._completer is not None
+        self._deferred.discard(completion.job.id)
+        place = self._completer.submit(completion)
+        if completion.after is not None:
+            task = asyncio.ensure_future(self._after(place, completion))
+            self._afters.add(task)
+            task.add_done_callback(self._afters.discard)
+
+    async def _after(self, place: int, completion: Completion) -> None:
+        assert self._completer is not None and completion.after is not None
+        await self._completer.wait_written(place)
+        try:
+            await completion.after()
+        except Exception as exc:  # on_discard logs its own failures; this is a last guard
+            log.warning("the step after job %s's outcome failed: %s", completion.job.id, exc)
 
     async def _finish_delivery(self, completion: Completion) -> None:
         """Record a fan-out delivery. A failed write is logged and left to the sweep: this
@@ -580,8 +682,11 @@ class Runner:
         except psycopg.Error as exc:
             log.warning("recording the fan-out delivery of job %s failed: %s",
                         completion.job.id, exc)  # fmt: skip
+            return
         finally:
             self.claimer.fanout_ids.discard(completion.job.id)
+        if completion.after is not None:  # on_discard, once the delivery is recorded
+            await completion.after()
 
     def _queue_rate_limit(self, queue: str) -> RateLimit | None:
         setting = self._queue_settings.get(queue)
@@ -642,7 +747,7 @@ class Runner:
             except ValueError:
                 return
             if any(job_id in p.running for p in self.producers.values()):
-                task = asyncio.ensure_future(self._cancel_if_cancelled(job_id))
+                task = asyncio.ensure_future(self._check_cancel(job_id))
                 self._notifying.add(task)
                 task.add_done_callback(self._notifying.discard)
         elif channel == rescuer.DISCARD_CHANNEL:
@@ -662,34 +767,57 @@ class Runner:
         if event is not None:
             telemetry.emit(event.name, event.measurements, event.metadata)
 
-    async def _cancel_if_cancelled(self, job_id: int) -> None:
+    async def _check_cancel(self, job_id: int) -> None:
         """A cancel NOTIFY is only a hint: any role that can connect may send one. Stop the
-        job only if its row says `cancelled`, as `cancel_by` (holding UPDATE) leaves it."""
-        assert self._pool is not None
+        job only if its row holds a cancel request, as `cancel_by` (holding UPDATE) leaves
+        it; the poll of `CancelRequests` catches one whose notification was lost."""
+        assert self._cancels is not None
         try:
-            async with self._pool.connection() as conn:
-                cur = await conn.execute(self.stmts.job_state, {"id": job_id})
-                found = await cur.fetchone()
-        except Exception as exc:  # the job runs on; its completion is guarded anyway
+            await self._cancels.check([job_id])
+        except Exception as exc:  # the poll will find it
             log.warning("could not check the cancel of job %s: %s", job_id, exc)
-            return
-        if found is not None and found[0] == "cancelled":
-            self._cancel_executing(job_id)
 
-    def _cancel_executing(self, job_id: int) -> None:
-        """An operator cancelled `job_id` (its row is cancelled already): stop it if it runs
-        here, as a cancel outcome with its telemetry event."""
+    def _cancel_executing(self, job_id: int, reason: str) -> None:
+        """An operator asked to cancel `job_id`, which this node executes: stop its perform
+        (async: cancelled at its await; sync: `current_job().cancelled`; a child process:
+        killed). `cancelled` is written once the perform has stopped (`_record`); a job
+        claimed ahead that never started is written `cancelled` at once."""
+        assert self._executor is not None
         for producer in self.producers.values():
-            if job_id not in producer.running:
+            entry = producer.running.get(job_id)
+            if entry is None:
                 continue
-            assert self._executor is not None
             if producer.waiting(job_id):  # claimed ahead, never started: nothing to stop
-                self._executor.cancelled_unstarted(producer.running[job_id][0],
-                                                   "cancelled by operator")  # fmt: skip
-            else:
-                self._executor.request_cancel(job_id, "cancelled by operator")
-            producer.cancel_job(job_id)
+                producer.cancel_job(job_id)
+                self._record(self._executor.operator_cancelled(entry[0], reason))
+            elif self._executor.request_cancel(job_id, reason):
+                producer.cancel_job(job_id)
             return
+
+    def _fence_limited(self) -> None:
+        """The limiter's fence closed: no proof of this runner reached the database for
+        `FENCE_AFTER` seconds, so the others may soon stop counting its jobs against their
+        global limits (`shigoto.runtime.limiter`). Stop its limited jobs before they do: each
+        task is cancelled (async: at its await; sync: `current_job().cancelled`; a child
+        process: killed) without an operator's reason, so no outcome is written, and the job
+        is held by the fence, which puts it back once a proof gets through. A job whose
+        perform has ended already keeps its outcome; fan-out deliveries count against no
+        limit."""
+        if self._executor is None:
+            return
+        stopped = []
+        for producer in self.producers.values():
+            for job, task in list(producer.running.values()):
+                if (job.id in self.claimer.fanout_ids or self._executor.decided(job.id)
+                        or not self.limits.limited(job)):  # fmt: skip
+                    continue
+                self.limiter.fence.hold(job, task)
+                task.cancel()
+                stopped.append(job.id)
+        if stopped:
+            log.warning("fenced: stopped limited jobs %s; they go back to their queue once "
+                        "this runner reaches the database again", stopped,
+                        extra={"node": self.node, "job_ids": stopped})  # fmt: skip
 
     @property
     def executing_count(self) -> int:
@@ -705,6 +833,13 @@ def _configure(producer: Producer, setting: QueueSetting) -> None:
     producer.weight = setting.weight
     producer.fair = setting.fair
     producer.partition_concurrency = setting.partition_concurrency
+
+
+def _uncancel() -> None:
+    """Take back the cancel this task just handled (see `_execute`)."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
 
 
 def _log_failed_discard(task: asyncio.Future[None]) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import signal
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +13,8 @@ import psycopg
 import pytest
 
 import shigoto
+from tests.support.attempts import ENV as ATTEMPT_LOG
+from tests.support.attempts import Attempt, assert_no_overlap
 from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import wait_until
 
@@ -23,9 +27,12 @@ def runner(
 ) -> Callable[..., RunnerProcess]:
     """`runner(queue, *extra, app=...)`: a runner that logs each perform under `tmp_path`."""
 
+    attempts = tmp_path / "attempts"
+    attempts.mkdir(exist_ok=True)
+
     def start(queue: str, *extra: str, app: str = "") -> RunnerProcess:
         env = {"SHIGOTO_TEST_EXEC_LOG": str(tmp_path), "PGAPPNAME": app or "shigoto-test",
-               "SHIGOTO_LOG_LEVEL": "warning"}  # fmt: skip
+               "SHIGOTO_LOG_LEVEL": "warning", ATTEMPT_LOG: str(attempts)}  # fmt: skip
         return runner_processes("--no-migrate", *extra, workers=WORKERS, queue=queue, env=env)
 
     return start
@@ -84,6 +91,7 @@ def test_chaos_kill_restart_and_cut_connections(conn, tmp_path, runner) -> None:
         wait_until(lambda: states(conn)["completed"] >= total // 4, timeout=120)
         victim.signal(signal.SIGKILL)  # mid-job: it has performs in flight
         victim.proc.wait(10)
+        killed_at = time.monotonic()
         restarted = runner("chaos=10", *fast, app="chaos-victim-2")
         procs.append(restarted)
         wait_until(lambda: states(conn)["completed"] >= total // 2, timeout=120)
@@ -115,3 +123,78 @@ def test_chaos_kill_restart_and_cut_connections(conn, tmp_path, runner) -> None:
             assert "rescued from node" in errors, f"job {job_id} re-ran without being rescued"
     rescued = [j for j, (attempt, _) in rows.items() if attempt > 1]
     assert rescued, "the killed runner's in-flight jobs were rescued"
+    # Rescued only once the killed runner was gone: no attempt overlapped another of its job.
+    assert_no_overlap(tmp_path / "attempts", ended_by={victim.proc.pid: killed_at})
+
+
+def most_at_once(attempts: list[Attempt]) -> int:
+    """The most attempts that ran at the same moment, from their recorded intervals."""
+    edges = sorted([(a.start, 1) for a in attempts] + [(a.end, -1) for a in attempts],
+                   key=lambda e: (e[0], e[1]))  # an end before a start at the same instant
+    running = peak = 0
+    for _, step in edges:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+@pytest.mark.slow
+def test_chaos_with_cancels_retries_drains_and_a_blocked_loop_keeps_every_promise(
+    conn, tmp_path, runner
+) -> None:
+    """Faults, an operator's cancels and retries, a drain and a worker blocking its runner's
+    event loop, under a global limit: no job lost, no two attempts of one job at once, and
+    never more jobs running than the limit, from the attempts' own recorded intervals."""
+    limit, total = 4, 1200
+    shigoto.set_queue("chaos", global_concurrency=limit)
+    shigoto.enqueue_many([{"worker": f"{WORKERS}.work", "queue": "chaos",
+                           "args": {"low_ms": 5, "high_ms": 40}}] * total)  # fmt: skip
+    stalls = [shigoto.enqueue(f"{WORKERS}.stall", {"seconds": 5.0}, queue="chaos")
+              for _ in range(2)]  # fmt: skip
+    lingering = [shigoto.enqueue(f"{WORKERS}.linger", {"seconds": 2.0}, queue="chaos")
+                 for _ in range(3)]  # fmt: skip
+    fast = ("--heartbeat-interval", "0.5", "--rescue-after", "3", "--shutdown-timeout", "1")
+    victim = runner("chaos=3", *fast, app="promise-victim")
+    cut = runner("chaos=3", *fast, app="promise-cut")
+    drained = runner("chaos=3", *fast, app="promise-drained")
+    procs = [victim, cut, drained]
+    cancelled: set[int] = set()
+    try:
+        wait_until(lambda: states(conn)["completed"] >= total // 6, timeout=180)
+        # An operator cancels whatever runs now (lingering sync jobs ignore the flag).
+        running = [r[0] for r in conn.execute(
+            "SELECT id FROM shigoto_jobs WHERE state = 'executing'")]  # fmt: skip
+        cancelled |= set(shigoto.cancel_by(ids=running + [j.id for j in lingering]))
+        victim.signal(signal.SIGKILL)
+        victim.proc.wait(10)
+        killed_at = time.monotonic()
+        procs.append(runner("chaos=3", *fast, app="promise-victim-2"))
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'promise-cut' AND datname = current_database()"
+        )
+        drained.signal(signal.SIGTERM)  # a drain while jobs run
+        assert drained.wait_exit(60) == 0, drained.output()
+        procs.append(runner("chaos=3", *fast, app="promise-drained-2"))
+        wait_until(lambda: not conn.execute(
+            "SELECT 1 FROM shigoto_jobs WHERE id = ANY(%s) AND state = 'executing'",
+            (sorted(cancelled),)).fetchone(), timeout=120,
+            message="every cancel took effect")  # fmt: skip
+        # A cancel that came after its perform completed leaves it completed; the others
+        # are cancelled, and a retry runs them again.
+        now_cancelled = [r[0] for r in conn.execute(
+            "SELECT id FROM shigoto_jobs WHERE id = ANY(%s) AND state = 'cancelled'",
+            (sorted(cancelled),))]  # fmt: skip
+        assert now_cancelled, "the cancels stopped running jobs"
+        assert sorted(shigoto.retry_by(ids=sorted(cancelled))) == sorted(now_cancelled)
+        wait_until(lambda: states(conn)["completed"] == total + len(stalls) + len(lingering),
+                   timeout=300, message="every job completed despite the faults")  # fmt: skip
+    finally:
+        stop_all(procs)
+    assert states(conn) == Counter({"completed": total + len(stalls) + len(lingering)})
+    attempts = assert_no_overlap(tmp_path / "attempts", ended_by={victim.proc.pid: killed_at})
+    assert most_at_once(attempts) <= limit, "the global limit held across every fault"
+    # A job is rescued only from a runner that is gone: the killed one.
+    for (errors,) in conn.execute("SELECT errors::text FROM shigoto_jobs"):
+        for node in re.findall(r"rescued from node (\S+?):", errors):
+            assert f"-{victim.proc.pid}-" in node, f"rescued from a live runner: {errors}"

@@ -54,7 +54,9 @@ def test_a_breaker_opens_waits_half_opens_and_closes_across_two_runners(
         # After open_for one probe runs; the dependency is still down: it fails and reopens.
         wait_until(lambda: jobs_in(conn, FLAKY, "discarded") == 4, timeout=30)
         wait_until(lambda: breaker_status(conn, FLAKY) == "open", timeout=30)
-        assert jobs_in(conn, FLAKY, "available") == 4
+        # A claim the other runner made as the breaker reopened holds its job `executing`
+        # until the breaker's admission hands it back (attempt given back): wait for that.
+        wait_until(lambda: jobs_in(conn, FLAKY, "available") == 4, timeout=30)
         conn.execute("DELETE FROM flow_flags")
         # The next probe succeeds, then a second (close_after=2): closed, and the rest runs.
         wait_until(lambda: jobs_in(conn, FLAKY, "completed") == 4, timeout=30)

@@ -92,6 +92,7 @@ def test_cancelling_a_running_sync_job_waits_for_its_perform_and_a_retry_cannot_
     assert found["result"] is None, "a cancelled attempt stores no result"
 
     assert shigoto.retry_by(ids=[job.id]) == [job.id]
+    assert row(conn, job.id)["cancel_requested_at"] is None, "the retry clears the request"
     wait_until(lambda: state(conn, job.id) == "completed", timeout=DEADLINE,
                message="attempt 2 completes")  # fmt: skip
     assert row(conn, job.id)["attempt"] == 2

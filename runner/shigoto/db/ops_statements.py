@@ -70,7 +70,9 @@ RETRY = """
 UPDATE {jobs}
 SET state = 'available', scheduled_at = now(), finished_at = NULL, completed_at = NULL,
     max_attempts = CASE WHEN max_attempts IS NOT NULL AND attempt >= max_attempts
-                        THEN attempt + 1 ELSE max_attempts END
+                        THEN attempt + 1 ELSE max_attempts END,
+    -- A cancel asked of an earlier attempt is history: the new one runs (its errors keep it).
+    cancel_requested_at = NULL, cancel_reason = NULL
 WHERE """ + RETRY_CANDIDATE + """
 RETURNING id, queue
 """

@@ -458,6 +458,11 @@ def _runner(args: argparse.Namespace) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # A SIGTERM while the runner starts (Kubernetes scaling down a pod that just started)
+    # must stop it cleanly too: noted here, acted on once the loop's handlers are installed.
+    early: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda received, _frame: early.append(received))
     if args.otel:
         from shigoto import otel  # ConfigurationError naming the extra when it is missing
 
@@ -469,13 +474,13 @@ def _run(args: argparse.Namespace) -> int:
         from shigoto.db import database
 
         psycopg.connect(runner.url, **database.connect_kwargs(runner.url)).close()
-    event_loop.run(_serve(runner, args), args.event_loop)
+    event_loop.run(_serve(runner, args, early), args.event_loop)
     _exit_even_if_threads_linger()
     return 0
 
 
-async def _serve(runner: Any, args: argparse.Namespace) -> None:
-    _handle_signals(runner)
+async def _serve(runner: Any, args: argparse.Namespace, early: list[int]) -> None:
+    _handle_signals(runner, early)
     health_server = await _start_health(runner, args)
     try:
         await runner.run()
@@ -484,8 +489,9 @@ async def _serve(runner: Any, args: argparse.Namespace) -> None:
             await health_server.stop()
 
 
-def _handle_signals(runner: Any) -> None:
-    """The first SIGTERM/SIGINT stops gracefully; a second one exits at once."""
+def _handle_signals(runner: Any, early: list[int]) -> None:
+    """The first SIGTERM/SIGINT stops gracefully; a second one exits at once. `early`: the
+    signals received before the loop could handle them."""
     loop = asyncio.get_running_loop()
     received: list[int] = []
     stopping: list[asyncio.Future[None]] = []
@@ -508,6 +514,8 @@ def _handle_signals(runner: Any) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+    for sig in early:
+        on_signal(sig)
 
 
 async def _start_health(runner: Any, args: argparse.Namespace) -> Any:

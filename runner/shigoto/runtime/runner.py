@@ -324,8 +324,7 @@ class Runner:
         heartbeat = Heartbeat(pool, self.stmts, self.node, lambda: dict(self.queues),
                               s.heartbeat_interval, clock=self.clock)  # fmt: skip
         await heartbeat.run_once()
-        self._cancels = CancelRequests(pool, self.stmts, self.node, self._cancel_executing,
-                                       interval=max(s.heartbeat_interval, 0.5))  # fmt: skip
+        self._cancels = CancelRequests(pool, self.stmts, self.node, self._cancel_executing)
         channels = [statements.INSERT_CHANNEL, statements.CANCEL_CHANNEL, rescuer.DISCARD_CHANNEL,
                     relation_events.RELATIONS_CHANNEL]
         notifier = Notifier(self.url, channels, self._dispatch)
@@ -651,8 +650,12 @@ class Runner:
         once, unless a timeout or a cancel gave up on a sync perform that still runs): until
         then the job stays `executing` here, so no other attempt of it can start."""
         assert self._executor is not None
-        self._deferred.add(completion.job.id)
-        self._executor.when_stopped(completion.job.id, lambda: self._deliver(completion))
+        job_id = completion.job.id
+        if not self._executor.still_running(job_id):  # the usual case: nothing to wait for
+            self._deliver(completion)
+            return
+        self._deferred.add(job_id)
+        self._executor.when_stopped(job_id, lambda: self._deliver(completion))
 
     def _deliver(self, completion: Completion) -> None:
         """Submit the outcome; its after-step (on_discard) waits for the write, in a task of

@@ -271,6 +271,24 @@ def _liveness_held(node: str) -> str:
             "IN (SELECT classid, objid FROM locked)")  # fmt: skip
 
 
+def _rescued_state(job: str) -> str:
+    """Where a rescued job of alias `job` goes, from its row alone (so any runner decides
+    alike): cancelled if an operator asked, discarded once its attempts are used up, else
+    available again."""
+    return (f"CASE WHEN {job}.cancel_requested_at IS NOT NULL THEN {{cancelled}} "
+            f"WHEN {job}.attempt >= coalesce({job}.max_attempts, %(default_max)s) "
+            "THEN {discarded} ELSE {available} END")  # fmt: skip
+
+
+# What every rescue sets besides its error entry, for the next state `d.state`.
+_RESCUED = """
+SET state = d.state,
+    scheduled_at = {now},
+    finished_at = CASE WHEN d.state IN ({discarded}, {cancelled}) THEN {now} END,
+    meta = CASE WHEN d.state = {discarded}
+                THEN j.meta || jsonb_build_object({pending}, true) ELSE j.meta END,"""
+
+
 # One statement finds, decides and moves the stale jobs. `dead` tells the two kinds apart for
 # the error entry; the next state comes from the row alone, so any leader decides alike. A node
 # that still holds its liveness lock (its process is up, its session open) is never rescued,
@@ -292,18 +310,10 @@ _RESCUE = (
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
 ), decided AS (
-    SELECT j.id, s.dead,
-           CASE WHEN j.cancel_requested_at IS NOT NULL THEN {cancelled}
-                WHEN j.attempt >= coalesce(j.max_attempts, %(default_max)s)
-                THEN {discarded} ELSE {available} END AS state
+    SELECT j.id, s.dead, """ + _rescued_state("j") + """ AS state
     FROM {jobs} AS j JOIN stale AS s ON s.id = j.id
 )
-UPDATE {jobs} AS j
-SET state = d.state,
-    scheduled_at = {now},
-    finished_at = CASE WHEN d.state IN ({discarded}, {cancelled}) THEN {now} END,
-    meta = CASE WHEN d.state = {discarded}
-                THEN j.meta || jsonb_build_object({pending}, true) ELSE j.meta END,
+UPDATE {jobs} AS j""" + _RESCUED + """
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempt, 'at', {now}, 'traceback', '',
         'error', CASE WHEN d.state = {cancelled}
@@ -329,21 +339,14 @@ WHERE state = {executing} AND attempted_by = %(node)s
 
 # Returns a runner's own orphans as the rescue does (same next state, attempt counted),
 # guarded by node and attempt so a row written or re-claimed meanwhile is left alone.
-_RESCUE_OWN = """
-UPDATE {jobs} AS j
-SET state = d.state,
-    scheduled_at = {now},
-    finished_at = CASE WHEN d.state IN ({discarded}, {cancelled}) THEN {now} END,
-    meta = CASE WHEN d.state = {discarded}
-                THEN j.meta || jsonb_build_object({pending}, true) ELSE j.meta END,
+_RESCUE_OWN = (
+    "UPDATE {jobs} AS j" + _RESCUED + """
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempt, 'at', {now}, 'traceback', '',
         'error', 'returned by its own node ' || j.attempted_by
                  || ': no task of it held this job any more'))
 FROM (
-    SELECT j2.id, CASE WHEN j2.cancel_requested_at IS NOT NULL THEN {cancelled}
-                       WHEN j2.attempt >= coalesce(j2.max_attempts, %(default_max)s)
-                       THEN {discarded} ELSE {available} END AS state
+    SELECT j2.id, """ + _rescued_state("j2") + """ AS state
     FROM {jobs} AS j2
     JOIN unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS o(id, attempt)
       ON o.id = j2.id AND o.attempt = j2.attempt
@@ -353,6 +356,7 @@ FROM (
 WHERE j.id = d.id
 RETURNING j.id
 """
+)
 
 # Nodes silent past rescue_after are dead, whether or not they left jobs behind, unless they
 # still hold their liveness lock (a blocked event loop): those stay listed, silent.

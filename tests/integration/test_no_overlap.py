@@ -197,3 +197,33 @@ def test_a_discard_decided_during_the_drain_is_recorded_and_its_callback_runs_on
     assert len(calls) == 1, calls
     assert len(assert_no_overlap(attempt_log)) == 1, "performed once"
     assert second.proc.poll() is None
+
+
+# -- 5. retry takes what is meant --------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_queue_wide_retry_reruns_neither_completed_jobs_nor_a_child_still_waiting(
+    conn: psycopg.Connection, attempt_log: Path, runner: Callable[..., RunnerProcess]
+) -> None:
+    runner()
+    done = w.cooperative.enqueue(seconds=0.1)
+    wait_until(lambda: state(conn, done.id) == "completed", timeout=DEADLINE, message="done")
+    parent = w.stubborn.enqueue(seconds=2.0)
+    child = shigoto.enqueue(w.cooperative, {"seconds": 0.1}, depends_on=[parent.id])
+    failed = shigoto.enqueue(w.discards_late, {"seconds": 0.1, "callback_seconds": 0.0})
+    wait_until(lambda: state(conn, failed.id) == "discarded", timeout=DEADLINE,
+               message="discarded")  # fmt: skip
+    wait_until(lambda: started(attempt_log, parent.id), timeout=DEADLINE, message="parent runs")
+
+    # Without a state: the discarded job only; not the completed one, not the waiting child,
+    # not the running parent.
+    assert shigoto.retry_by(queue="overlap") == [failed.id]
+    assert (state(conn, done.id), row(conn, child.id)["scheduled_at"]) == ("completed",
+                                                                          WAITING_AT)
+    wait_until(lambda: state(conn, child.id) == "completed", timeout=DEADLINE,
+               message="the child runs after its parent")  # fmt: skip
+    attempts = assert_no_overlap(attempt_log)
+    assert [a.attempt for a in attempts if a.job_id == done.id] == [1], "not run again"
+    by_job = {a.job_id: a for a in attempts}
+    assert by_job[child.id].start > by_job[parent.id].end

@@ -127,21 +127,28 @@ def test_a_workflow_child_waits_until_its_cancelled_parent_has_really_stopped(
 def test_cooperative_and_async_performs_stop_at_their_cancel(
     conn: psycopg.Connection, attempt_log: Path, runner: Callable[..., RunnerProcess]
 ) -> None:
-    runner()
-    sync_job = w.cooperative.enqueue(seconds=30.0)
-    async_job = w.patient.enqueue(seconds=30.0)
-    for job in (sync_job, async_job):
+    runner(queue="overlap=3")
+    jobs = [w.cooperative.enqueue(seconds=30.0), w.patient.enqueue(seconds=30.0),
+            w.isolated.enqueue(seconds=30.0)]  # fmt: skip
+    ids = [job.id for job in jobs]
+    for job in jobs:
         wait_until(lambda job=job: started(attempt_log, job.id), timeout=DEADLINE,
                    message="running")  # fmt: skip
     asked = time.monotonic()
-    assert sorted(shigoto.cancel_by(ids=[sync_job.id, async_job.id])) == sorted(
-        [sync_job.id, async_job.id])  # fmt: skip
-    for job in (sync_job, async_job):
+    assert sorted(shigoto.cancel_by(ids=ids)) == sorted(ids)
+    for job in jobs:
         wait_until(lambda job=job: state(conn, job.id) == "cancelled", timeout=DEADLINE,
                    message="cancelled")  # fmt: skip
     assert time.monotonic() - asked < 25, "stopped at the cancel, not at the end of 30 s"
-    attempts = assert_no_overlap(attempt_log)
+    # The killed child recorded no end: it ended before its job was written cancelled.
+    [child] = [a for a in read(attempt_log) if a.job_id == jobs[2].id]
+    attempts = assert_no_overlap(attempt_log, ended_by={child.pid: time.monotonic()})
     assert all(a.end < float("inf") for a in attempts)
+    assert all(shigoto.retry_by(ids=[i]) == [i] for i in ids)
+    for job in jobs:
+        wait_until(lambda job=job: started(attempt_log, job.id, attempt=2), timeout=DEADLINE,
+                   message="attempt 2 runs")  # fmt: skip
+    shigoto.cancel_by(ids=ids)
 
 
 # -- 2. a blocked event loop -------------------------------------------------------------------

@@ -41,6 +41,13 @@ def cooperative(seconds: float = 30.0) -> str:
     return "done"
 
 
+@shigoto.worker(queue="overlap", max_attempts=3, isolation="process")
+@recorded
+def isolated(seconds: float = 30.0) -> None:
+    """A sync perform in a child process: a cancel kills the child."""
+    time.sleep(seconds)
+
+
 @shigoto.worker(queue="overlap", max_attempts=3)
 @recorded
 async def patient(seconds: float = 30.0) -> None:

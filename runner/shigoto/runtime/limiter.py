@@ -338,17 +338,16 @@ class Limiter(Service):
         """A new limiter session, holding the liveness lock (unless a session of this node
         that the server has not noticed is dead yet still does: it counts all the same)."""
         await self._drop()
-        conn = await asyncio.wait_for(
-            psycopg.AsyncConnection.connect(
+        # asyncio.timeout, never wait_for: on Python 3.11 wait_for can swallow a cancel that
+        # lands as the inner call completes, and the runner's shutdown cancels this service.
+        async with asyncio.timeout(PROVE_TIMEOUT):
+            conn = await psycopg.AsyncConnection.connect(
                 self.url, autocommit=True, connect_timeout=max(int(PROVE_TIMEOUT), 2),
                 application_name=f"shigoto-limiter:{self.node}"[:63],
-            ),
-            PROVE_TIMEOUT,
-        )  # fmt: skip
+            )  # fmt: skip
         self._conn = conn
-        cur = await asyncio.wait_for(
-            conn.execute(self.stmts.take_liveness, {"node": self.node}), PROVE_TIMEOUT
-        )
+        async with asyncio.timeout(PROVE_TIMEOUT):
+            cur = await conn.execute(self.stmts.take_liveness, {"node": self.node})
         row = await cur.fetchone()
         if not (row and row[0]):
             log.warning("liveness lock of node %s is held by another session", self.node)
@@ -358,8 +357,8 @@ class Limiter(Service):
         """Refresh `last_seen_at`; a proof counts from the moment it was sent, and only if it
         found the node's row (a node forgotten as dead is proved by its next heartbeat)."""
         sent = self.clock.monotonic()
-        cur = await asyncio.wait_for(conn.execute(self.stmts.prove, self._params()),
-                                     PROVE_TIMEOUT)  # fmt: skip
+        async with asyncio.timeout(PROVE_TIMEOUT):
+            cur = await conn.execute(self.stmts.prove, self._params())
         if cur.rowcount == 1:
             self.fence.proved(sent)
 
@@ -373,7 +372,8 @@ class Limiter(Service):
         if not jobs or self.fence.fenced:
             return
         try:
-            back = await asyncio.wait_for(self._put_back(jobs), PROVE_TIMEOUT)
+            async with asyncio.timeout(PROVE_TIMEOUT):
+                back = await self._put_back(jobs)
         except (psycopg.Error, OSError, TimeoutError) as exc:
             log.warning("could not put back the %d jobs the fence stopped yet: %s", len(jobs),
                         str(exc) or type(exc).__name__)  # fmt: skip
@@ -424,7 +424,8 @@ class Limiter(Service):
         self.fence.cancel_timer()
         if self.fence.stopped():
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._put_back_stopped(), PROVE_TIMEOUT)
+                async with asyncio.timeout(PROVE_TIMEOUT):
+                    await self._put_back_stopped()
         await self._drop()
 
 

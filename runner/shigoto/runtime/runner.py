@@ -88,6 +88,8 @@ PUT_BACK_GRACE = 5.0
 #: outcome recorded (a worker's `backoff` may take up to its callback timeout); a decided
 #: outcome is never put back.
 RECORD_GRACE = 10.0
+#: Seconds the end of a shutdown waits for the services' tasks once they are cancelled.
+SERVICES_GRACE = 10.0
 
 
 def _loads_json(data: bytes) -> Any:
@@ -409,10 +411,19 @@ class Runner:
             await heartbeat.unregister()
         except Exception as exc:
             log.warning("could not unregister node %s: %s", self.node, exc)
+        # Every service is asked to stop, then cancelled, then waited for within a bound: a
+        # task that swallowed its cancel (asyncio.wait_for on Python 3.11 can) must not keep
+        # the process from exiting.
+        for service in self._services.values():
+            service.stop()
         tasks = [t for service in self._services.values() if (t := service.task) is not None]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            _, stuck = await asyncio.wait(tasks, timeout=SERVICES_GRACE)
+            for task in stuck:
+                log.warning("a service task did not end within %.0fs of the shutdown: %s",
+                            SERVICES_GRACE, task.get_name())  # fmt: skip
         self._services.clear()
         self.loop_watch.stop()
         log.info("runner %s stopped", self.node)

@@ -7,6 +7,8 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -202,3 +204,45 @@ def test_bad_schema_name_from_env_fails_the_cli_cleanly(empty_db_url: str) -> No
     assert "SHIGOTO_SCHEMA" in result.stderr and "'no-no'" in result.stderr
     assert "Traceback" not in result.stderr
     assert schemas(empty_db_url) == before
+
+
+def back_to_0022(url: str) -> None:
+    """Undo migration 0023 on a migrated database: the schema a running fleet upgrades from."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for table in ("shigoto_jobs", "shigoto_jobs_archive"):
+            conn.execute(f"ALTER TABLE {table} DROP COLUMN cancel_requested_at, "
+                         "DROP COLUMN cancel_reason")  # fmt: skip
+        conn.execute("DELETE FROM shigoto_schema_migrations WHERE version = 23")
+
+
+def test_a_migration_never_queues_enqueues_behind_a_long_reader(db_url: str) -> None:
+    """A schema change waits for its table's strongest lock, and every later lock on the table
+    queues behind it. With a reader holding shigoto_jobs, each try of the migration gives up
+    its lock wait after 0.5 s and tries again: enqueues get through meanwhile (each allowed
+    2 s here to get its lock, which it could not, queued behind an ALTER that waits for the
+    reader), and the migration completes once the reader has gone."""
+    back_to_0022(db_url)
+    with psycopg.connect(db_url) as reader:
+        reader.execute("SELECT count(*) FROM shigoto_jobs")  # ACCESS SHARE until it ends
+        result: dict[str, Any] = {}
+
+        def migrating() -> None:
+            try:
+                result["applied"] = shigoto.migrate(db_url)
+            except Exception as exc:  # reported below
+                result["error"] = exc
+
+        thread = threading.Thread(target=migrating)
+        thread.start()
+        enqueued = 0
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute("SET lock_timeout = '2s'")
+            while enqueued < 20:  # over several of the migration's tries
+                shigoto.enqueue("w.x", {"n": enqueued}, conn=conn)
+                enqueued += 1
+                time.sleep(0.1)
+        assert "applied" not in result, "the migration waited for the reader"
+        reader.rollback()
+    thread.join(60)
+    assert result == {"applied": [23]}
+    assert applied_versions(db_url)[-1] == 23

@@ -3,11 +3,20 @@
 Each file in `migrations/` is `NNNN_name.sql`. They run in order inside one transaction that
 holds an advisory lock keyed by schema, so ten pods migrating together end with one applied
 schema: the first applies, the rest wait, then find nothing left to do.
+
+A schema change needs its table's strongest lock, and PostgreSQL queues every later lock on
+that table behind it: while an ALTER waits for a long reader (a report, a backup, a dashboard
+page) to finish, every enqueue, claim and completion waits behind the ALTER. So each try waits
+at most `LOCK_TIMEOUT` for a lock, then gives the lock up (the whole transaction rolls back,
+nothing half-applied) and tries again after a pause, for up to `LOCK_RETRY_FOR` seconds: the
+queue stalls for under a second at a time, never for as long as the reader runs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -21,6 +30,14 @@ from shigoto.db.steps import Steps
 from shigoto.errors import MigrationError
 
 _FILE_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+#: How long one try waits for a table lock before it rolls back and tries again.
+LOCK_TIMEOUT = "500ms"
+#: Seconds of tries before `migrate` gives up on a lock it never got.
+LOCK_RETRY_FOR = 300.0
+#: Pauses between tries: the first, and the most (doubling in between).
+LOCK_RETRY_FIRST = 0.5
+LOCK_RETRY_MAX = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,24 +88,51 @@ def migrate(database_url: str | None = None, *, schema: str | None = None) -> li
     DML rights on the tables can call it (as `shigoto run` does at start) without CREATE.
     """
     url = config.database_url(database_url)
-    work = _migrate_steps(config.schema(schema), load_migrations())
-    with psycopg.connect(url) as conn, conn.transaction():
-        return steps.run(conn, work)
+    migrations = load_migrations()
+    started, tries = time.monotonic(), 0
+    while True:
+        work = _migrate_steps(config.schema(schema), migrations)
+        try:
+            with psycopg.connect(url) as conn, conn.transaction():
+                return steps.run(conn, work)
+        except psycopg.errors.LockNotAvailable as exc:
+            tries += 1
+            time.sleep(_retry_wait(exc, tries, started))
 
 
 async def amigrate(database_url: str | None = None, *, schema: str | None = None) -> list[int]:
     """`migrate` for asyncio (the operator migrates each database it serves this way)."""
     url = config.database_url(database_url)
-    work = _migrate_steps(config.schema(schema), load_migrations())
-    async with await psycopg.AsyncConnection.connect(url) as conn, conn.transaction():
-        return await steps.arun(conn, work)
+    migrations = load_migrations()
+    started, tries = time.monotonic(), 0
+    while True:
+        work = _migrate_steps(config.schema(schema), migrations)
+        try:
+            async with await psycopg.AsyncConnection.connect(url) as conn, conn.transaction():
+                return await steps.arun(conn, work)
+        except psycopg.errors.LockNotAvailable as exc:
+            tries += 1
+            await asyncio.sleep(_retry_wait(exc, tries, started))
+
+
+def _retry_wait(exc: psycopg.errors.LockNotAvailable, tries: int, started: float) -> float:
+    """The pause before try `tries + 1` after a lock wait ran out; MigrationError once tries
+    have gone on for `LOCK_RETRY_FOR` seconds."""
+    if time.monotonic() - started >= LOCK_RETRY_FOR:
+        raise MigrationError(
+            f"gave up after {tries} tries over {LOCK_RETRY_FOR:g}s: a table lock stayed taken "
+            f"({exc.diag.message_primary}); a long transaction on shigoto_jobs holds it: see "
+            "pg_stat_activity, end it, and run `shigoto migrate` again"
+        ) from None
+    return min(LOCK_RETRY_FIRST * 2 ** (tries - 1), LOCK_RETRY_MAX)
 
 
 def _migrate_steps(schema: str, migrations: list[Migration]) -> Steps[list[int]]:
     """The whole migration, in the caller's transaction, serialised by an advisory lock."""
     # The role's name is read first: after a refused statement the transaction is aborted.
     user = (yield "SELECT current_user", None).rows[0][0]
-    yield _lock_key(schema), None
+    yield _lock_key(schema), None  # waited for without a bound: other migrators, not the queue
+    yield f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'", None
     try:
         return (yield from _apply_steps(schema, migrations))
     except psycopg.errors.InsufficientPrivilege as exc:

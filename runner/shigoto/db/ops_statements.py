@@ -109,7 +109,6 @@ MATCHING = "SELECT id FROM {jobs} WHERE state = ANY(%(from)s) AND {where} ORDER 
 # A dry run of a retry: the ids RETRY would take, by the same condition.
 RETRY_MATCHING = "SELECT id FROM {jobs} WHERE " + RETRY_CANDIDATE + " ORDER BY id"
 
-# Why nothing matched: the filter's jobs by state, and how many of them wait on a parent.
 # `shigoto status`: running jobs whose cancel was asked for and whose perform has not stopped
 # yet (migration 0023), from the executing rows only.
 CANCELLING = """
@@ -119,6 +118,7 @@ ORDER BY cancel_requested_at, id
 LIMIT %(limit)s
 """
 
+# Why nothing matched: the filter's jobs by state, and how many of them wait on a parent.
 MATCHING_BY_STATE = (
     "SELECT state, count(*), count(*) FILTER (WHERE " + WAITS_ON_PARENTS + ")"
     " FROM {jobs} WHERE {where} GROUP BY state ORDER BY 1"

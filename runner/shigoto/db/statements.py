@@ -248,9 +248,6 @@ ORDER BY j.attempted_at
 
 _GET_JOB = "SELECT * FROM {jobs} WHERE id = %(id)s"
 
-# Read before acting on a cancel notification: any role that can connect may NOTIFY, so the
-# notification is only a hint and the row decides.
-_JOB_STATE = "SELECT state FROM {jobs} WHERE id = %(id)s"
 
 # -- rescue (see shigoto.runtime.rescuer for the rules) ---------------------------------------
 
@@ -591,7 +588,6 @@ class Statements:
     nodes: str
     stale_executing: str
     get_job: str
-    job_state: str
     cancel_requests: str
     own_executing: str
     rescue_own: str
@@ -693,7 +689,6 @@ def statements(schema: str) -> Statements:
         "nodes": _NODES,
         "stale_executing": _STALE_EXECUTING,
         "get_job": _GET_JOB,
-        "job_state": _JOB_STATE,
         "cancel_requests": _CANCEL_REQUESTS,
         "own_executing": _OWN_EXECUTING,
         "rescue_own": _RESCUE_OWN,

@@ -309,8 +309,4 @@ class Completer(Service):
     async def drain(self, timeout: float) -> bool:
         """Stop after writing what is pending; False if that did not finish within `timeout`."""
         self.request_stop()
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
+        return await self.wait_idle(timeout)

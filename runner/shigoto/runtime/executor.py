@@ -297,7 +297,7 @@ class JobExecutor:
             reason = self._cancel_requests.pop(job.id, None)
             if reason is None:  # shutdown: the job is put back, not an outcome
                 raise
-            _uncancel()  # the operator's cancel stopped the perform; it is this job's outcome
+            uncancel()  # the operator's cancel stopped the perform; it is this job's outcome
             outcome = _OperatorCancel(reason)
         except Outcome as raised:
             outcome = raised
@@ -430,7 +430,7 @@ class JobExecutor:
         except asyncio.CancelledError:
             if future.done() and not future.cancelled():
                 # It returned as the cancel landed: that is its outcome, decided already.
-                _uncancel()
+                uncancel()
                 return future.result()
             # Timed out or cancelled: ask the perform to stop, and never wait for it again.
             # Its outcome is recorded only once the thread has left it (`when_stopped`).
@@ -683,7 +683,7 @@ class _OperatorCancel:
     reason: str
 
 
-def _uncancel() -> None:
+def uncancel() -> None:
     """Take back the cancel this task just handled, so later awaits (and timeouts) of the
     same task behave as if it had never been cancelled."""
     task = asyncio.current_task()
@@ -697,4 +697,4 @@ def _queue_time(job: Job) -> float | None:
     return max((job.attempted_at - job.scheduled_at).total_seconds(), 0.0)
 
 
-__all__ = ["DEFAULT_TIMEOUT", "Completion", "JobExecutor", "error_entry"]
+__all__ = ["DEFAULT_TIMEOUT", "Completion", "JobExecutor", "error_entry", "uncancel"]

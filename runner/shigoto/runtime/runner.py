@@ -54,6 +54,7 @@ from shigoto.runtime.executor import (
     Completion,
     JobExecutor,
     Undecodable,
+    uncancel,
 )
 from shigoto.runtime.flow_control import FlowControl
 from shigoto.runtime.heap import freeze_startup_heap
@@ -489,7 +490,10 @@ class Runner:
         """Split cancelled jobs into those whose perform has really stopped (safe to hand to
         another runner, attempt given back) and sync ones whose thread still runs them: putting
         those back would let a second runner run the job while the first copy still does.
-        Jobs whose perform ended as the cancel landed have their outcome, and are neither."""
+        A job whose perform ended as the cancel landed has its outcome written by now
+        (`_drain_producers` waits for the completer first), so the put-back, which moves only
+        rows still executing, leaves it alone; one still recording it when the grace ran out
+        (its task not over, so still `decided`) is left for the rescuer, never put back."""
         assert self._executor is not None
         back = [job.id for job in jobs if not self._executor.still_running(job.id)
                 and not self._executor.decided(job.id)]  # fmt: skip
@@ -627,7 +631,7 @@ class Runner:
             reason = self._executor.take_cancel_request(job.id)
             if reason is None:
                 raise
-            _uncancel()
+            uncancel()
             completion = self._executor.operator_cancelled(job, reason)
             self._record(completion)
         finally:
@@ -847,13 +851,6 @@ def _configure(producer: Producer, setting: QueueSetting) -> None:
     producer.weight = setting.weight
     producer.fair = setting.fair
     producer.partition_concurrency = setting.partition_concurrency
-
-
-def _uncancel() -> None:
-    """Take back the cancel this task just handled (see `_execute`)."""
-    task = asyncio.current_task()
-    if task is not None:
-        task.uncancel()
 
 
 def _log_failed_discard(task: asyncio.Future[None]) -> None:

@@ -166,7 +166,8 @@ def _explain(conn: psycopg.Connection[Any], statement: Any, params: Any) -> dict
 def _statements(schema: str) -> list[tuple[str, Any, Any]]:
     """Every counting statement `shigoto status`, the operator and the sampler run, with
     parameters (before the change: the old ones, found by name)."""
-    from shigoto.db import ops_statements, statements
+    from shigoto.db import ops_statements
+    from shigoto.db import runtime_statements as statements
     from shigoto.relations import workflows
 
     out: list[tuple[str, Any, Any]] = []

@@ -34,7 +34,8 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from shigoto.config import RunnerSettings
 from shigoto.cron.scheduler import CronScheduler
-from shigoto.db import ops_statements, statements
+from shigoto.db import ops_statements
+from shigoto.db import runtime_statements as statements
 from shigoto.db.migrate import amigrate, current_version, latest_version
 from shigoto.errors import MigrationError
 from shigoto.runtime.elector import Elector

@@ -90,7 +90,7 @@ _FILTER = RedactingFilter()
 #: database errors. A logger's filter sees only records logged on that very logger.
 _LOGGERS = (
     "psycopg", "psycopg.pool", "shigoto", "shigoto.completer", "shigoto.cron",
-    "shigoto.elector", "shigoto.executor", "shigoto.limiter", "shigoto.notifier",
+    "shigoto.elector", "shigoto.executor", "shigoto.liveness", "shigoto.notifier",
     "shigoto.probes", "shigoto.producer", "shigoto.rescuer", "shigoto.runner", "shigoto.cli",
 )  # fmt: skip
 

@@ -66,7 +66,8 @@ from psycopg.rows import dict_row
 from shigoto import config, telemetry
 from shigoto.client import enqueuing
 from shigoto.context import reset_parent_results, set_parent_results
-from shigoto.db import ops_statements, statements
+from shigoto.db import ops_statements
+from shigoto.db import runtime_statements as statements
 from shigoto.db.inserts import Existing
 from shigoto.errors import ConfigurationError
 from shigoto.job import FINISHED_STATES, Job, JobState

@@ -15,7 +15,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from shigoto.clock import ManualClock
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 from shigoto.runtime.elector import Elector
 from shigoto.runtime.node import Heartbeat
 from shigoto.runtime.pruner import Pruner

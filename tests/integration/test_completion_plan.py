@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 from tests.support.plans import rows_compared_in_joins, rows_read_from
 
 NODE = "node-1"

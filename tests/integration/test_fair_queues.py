@@ -15,7 +15,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 import shigoto
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 from shigoto.runtime.claimer import Claimer
 from shigoto.runtime.producer import Producer
 from tests.support.attempts import ENV, assert_no_overlap

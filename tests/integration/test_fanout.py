@@ -142,7 +142,7 @@ async def test_a_delivery_handed_back_is_taken_again(
 ) -> None:
     """A chain that ends without an outcome (here: the parents' results could not be read
     once) releases the delivery, so the runner takes the job again and it completes."""
-    from shigoto.runtime.middleware import ParentResults
+    from shigoto.runtime.parent_results import ParentResults
 
     conn.autocommit = True
     shigoto.set_queue("broadcast", fanout=True)

@@ -3,7 +3,7 @@
 Two real runners share a global limit of 2; the first runs all the limit's jobs when its
 network to the database is cut for 6 s by a proxy (tests/support/tcp_proxy.py). The others
 stop counting a silent runner's slots once its lease has run out, so before that the cut
-runner must have stopped its limited jobs itself (the fence, see `shigoto.runtime.limiter`),
+runner must have stopped its limited jobs itself (the fence, see `shigoto.runtime.liveness`),
 and once it reaches the database again it puts them back: nothing lost, nothing run twice,
 and never more than 2 jobs of a limit at once, measured from what the performs recorded.
 
@@ -23,7 +23,7 @@ import psycopg
 import pytest
 
 import shigoto
-from shigoto.runtime.limiter import FENCE_AFTER, RESTART_GRACE
+from shigoto.runtime.liveness import FENCE_AFTER, RESTART_GRACE
 from tests.support.attempts import ENV, Attempt, assert_no_overlap, read
 from tests.support.runner_process import RunnerProcess
 from tests.support.tcp_proxy import PausableProxy

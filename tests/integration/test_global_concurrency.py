@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 import shigoto
-from shigoto.runtime.limiter import scope_key
+from shigoto.runtime.global_limits import scope_key
 from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import wait_until
 

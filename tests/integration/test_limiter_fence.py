@@ -13,10 +13,10 @@ from psycopg_pool import AsyncConnectionPool
 
 import shigoto
 from shigoto import registry
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 from shigoto.job import Job, JobState
-from shigoto.runtime.limiter import Limiter
-from shigoto.runtime.middleware import GlobalLimits
+from shigoto.runtime.global_limits import GlobalLimits
+from shigoto.runtime.liveness import Liveness
 
 NODE = "fence-node"
 
@@ -41,8 +41,8 @@ def limited_worker() -> Iterator[None]:
 
 
 @pytest.fixture
-async def limiter(db_url: str, pool: AsyncConnectionPool) -> AsyncIterator[Limiter]:
-    made = Limiter(db_url, "public", NODE, pool)
+async def limiter(db_url: str, pool: AsyncConnectionPool) -> AsyncIterator[Liveness]:
+    made = Liveness(db_url, "public", NODE, pool)
     yield made
     await made.close()
 
@@ -71,7 +71,7 @@ def state(conn: psycopg.Connection[Any], job_id: int) -> tuple[str, int, str | N
 
 
 async def test_a_proof_lifts_the_fence_and_puts_back_what_it_stopped(
-    conn: psycopg.Connection[Any], limiter: Limiter
+    conn: psycopg.Connection[Any], limiter: Liveness
 ) -> None:
     register(conn)
     stopped = executing(conn)
@@ -84,7 +84,7 @@ async def test_a_proof_lifts_the_fence_and_puts_back_what_it_stopped(
 
 
 async def test_only_the_attempt_that_was_stopped_goes_back(
-    conn: psycopg.Connection[Any], limiter: Limiter
+    conn: psycopg.Connection[Any], limiter: Liveness
 ) -> None:
     # Rescued while this runner was away and claimed again (here, by this very node), or
     # claimed by another runner since: neither is the attempt the fence stopped.
@@ -101,7 +101,7 @@ async def test_only_the_attempt_that_was_stopped_goes_back(
 
 
 async def test_a_proof_that_finds_no_node_row_proves_nothing(
-    conn: psycopg.Connection[Any], limiter: Limiter
+    conn: psycopg.Connection[Any], limiter: Liveness
 ) -> None:
     # A node forgotten as dead: its rows count by no lease until its heartbeat registers it.
     stopped = executing(conn)
@@ -116,7 +116,7 @@ async def test_a_proof_that_finds_no_node_row_proves_nothing(
 
 @pytest.mark.usefixtures("limited_worker")
 async def test_no_limited_job_starts_while_the_fence_is_closed(
-    conn: psycopg.Connection[Any], pool: AsyncConnectionPool, limiter: Limiter
+    conn: psycopg.Connection[Any], pool: AsyncConnectionPool, limiter: Liveness
 ) -> None:
     register(conn)
     limits = GlobalLimits(lambda: pool, statements.statements("public"), NODE,

@@ -19,7 +19,7 @@ import pytest
 
 import shigoto
 from shigoto import telemetry
-from shigoto.middlewares import log_context
+from shigoto.middleware import log_context
 from tests.support import middleware_workers as mw
 from tests.support.in_process import running
 from tests.support.waiting import row, until

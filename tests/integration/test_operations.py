@@ -10,7 +10,8 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 import shigoto
-from shigoto.db import embedded, statements
+from shigoto.db import embedded
+from shigoto.db import runtime_statements as statements
 from shigoto.runtime.pruner import Pruner, PruneResult
 from tests.integration.test_cli import ok, shigoto_cli
 from tests.support import workers

@@ -10,7 +10,7 @@ import pytest
 from psycopg.rows import dict_row
 
 import shigoto
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 from tests.support import workers
 from tests.support.in_process import running
 from tests.support.waiting import count, until

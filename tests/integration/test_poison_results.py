@@ -17,7 +17,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 import shigoto
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 from shigoto.job import Job, JobState
 from shigoto.runtime.completer import Completer
 from shigoto.runtime.executor import Completion

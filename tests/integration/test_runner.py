@@ -15,7 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 
 import shigoto
 from shigoto import telemetry
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 from shigoto.runtime.stager import Stager
 from tests.support import in_process, workers
 from tests.support.waiting import row, state, until

@@ -21,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 
 import shigoto
 from shigoto.clock import ManualClock
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 from shigoto.runtime.pruner import STATS_RETENTION, Pruner
 from shigoto.runtime.sampler import Sampler
 from tests.support.runner_process import RunnerProcess

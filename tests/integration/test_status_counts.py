@@ -19,7 +19,8 @@ from rich.console import Console
 
 import shigoto
 from shigoto.cli.status_view import render_status
-from shigoto.db import fanout_statements, ops_statements, statements, stats_statements
+from shigoto.db import fanout_statements, ops_statements, stats_statements
+from shigoto.db import runtime_statements as statements
 from shigoto.job import JobState
 from shigoto.relations import workflows
 from shigoto_operator import dbcounts

@@ -25,9 +25,10 @@ import psycopg
 
 import shigoto
 from shigoto.cli.bench import drop_database, prepare_database
-from shigoto.db import database, embedded, statements
+from shigoto.db import database, embedded
+from shigoto.db import runtime_statements as statements
 from shigoto.runtime.claimer import FAIR_WINDOW as WINDOW
-from shigoto.runtime.limiter import GRACE, RESTART_GRACE
+from shigoto.runtime.liveness import GRACE, RESTART_GRACE
 
 NAME = "shigoto_bench_fair"
 NODE = "bench"

@@ -32,7 +32,8 @@ import psycopg
 
 import shigoto
 from shigoto.cli.bench import drop_database, prepare_database
-from shigoto.db import database, embedded, statements
+from shigoto.db import database, embedded
+from shigoto.db import runtime_statements as statements
 from shigoto.job import Job, JobState
 from shigoto.runtime.executor import Completion
 from shigoto.runtime.flow_control import FlowControl

@@ -25,7 +25,8 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from shigoto.cli.bench import drop_database, prepare_database
-from shigoto.db import embedded, statements
+from shigoto.db import embedded
+from shigoto.db import runtime_statements as statements
 
 NAME = "shigoto_bench_forwarding"
 BATCH = 100

@@ -15,7 +15,7 @@ from typing import Any
 
 import shigoto
 from shigoto.job import Job
-from shigoto.middlewares import deadline
+from shigoto.middleware import deadline
 
 log = logging.getLogger("tests.middleware_workers")
 

@@ -25,7 +25,8 @@ import psycopg
 
 import shigoto
 from shigoto.cli.bench import drop_database, prepare_database
-from shigoto.db import database, embedded, statements
+from shigoto.db import database, embedded
+from shigoto.db import runtime_statements as statements
 
 NAME = "shigoto_bench_workflows"
 BATCH = 100

@@ -1,4 +1,4 @@
-"""The limiter's fence (shigoto.runtime.limiter.Fence): when a runner must stop its limited
+"""The limiter's fence (shigoto.runtime.liveness.Fence): when a runner must stop its limited
 jobs, and which of the jobs it stopped may go back to their queue."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 from shigoto.clock import SYSTEM, ManualClock
 from shigoto.job import Job, JobState
-from shigoto.runtime.limiter import (
+from shigoto.runtime.liveness import (
     FENCE_AFTER,
     GRACE,
     PROVE_INTERVAL,

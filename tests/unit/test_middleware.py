@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from shigoto.job import Job, JobState
+from shigoto.runtime.chain import Next, StuckThreadsGuard, chain
 from shigoto.runtime.executor import Completion
-from shigoto.runtime.middleware import Next, StuckThreadsGuard, chain
 
 
 def a_job() -> Job:

@@ -16,7 +16,7 @@ from shigoto import otel
 from shigoto.clock import ManualClock
 from shigoto.job import Job, JobState
 from shigoto.jobspec import build
-from shigoto.middlewares import (
+from shigoto.middleware.shipped import (
     Deadline,
     JobLogFilter,
     current_log_fields,
@@ -148,3 +148,15 @@ def test_importing_shigoto_does_not_import_opentelemetry() -> None:
     code = "import shigoto, sys; print(any(m.startswith('opentelemetry') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_old_module_name_still_imports_the_shipped_middlewares_with_a_warning() -> None:
+    import importlib
+
+    import shigoto.middleware
+
+    sys.modules.pop("shigoto.middlewares", None)
+    with pytest.warns(DeprecationWarning, match="shigoto.middleware"):
+        old = importlib.import_module("shigoto.middlewares")
+    assert old.deadline is shigoto.middleware.deadline
+    assert old.log_context is shigoto.middleware.log_context

@@ -18,7 +18,7 @@ import shigoto
 from shigoto import middleware
 from shigoto.client import enqueuing
 from shigoto.job import Job, JobState
-from shigoto.runtime.middleware import UserChain
+from shigoto.runtime.user_chain import UserChain
 
 here: contextvars.ContextVar[str] = contextvars.ContextVar("here", default="unset")
 

@@ -10,7 +10,7 @@ import pytest
 
 import shigoto
 from shigoto import registry
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 from shigoto.errors import JobTimeoutError
 from shigoto.job import Job, JobState
 from shigoto.runtime.executor import Completion

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 from shigoto.job import FINISHED_STATES, JobState
 
 

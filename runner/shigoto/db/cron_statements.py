@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from shigoto.db.statements import compose
+from shigoto.db.runtime_statements import compose
 
 _NOW = "SELECT now()"
 

@@ -44,7 +44,7 @@ from psycopg.rows import tuple_row
 from psycopg.types.string import StrBinaryDumper
 
 from shigoto import telemetry
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 from shigoto.errors import ConfigurationError, ValidationError
 from shigoto.job import JOB_COLUMNS, Job, JobState
 

@@ -46,7 +46,8 @@ from prometheus_client import (
 from psycopg_pool import AsyncConnectionPool
 
 from shigoto import telemetry
-from shigoto.db import ops_statements, statements
+from shigoto.db import ops_statements
+from shigoto.db import runtime_statements as statements
 from shigoto.errors import Discard
 
 #: Execution times span milliseconds (no-op jobs) to the default 5-minute timeout and beyond.

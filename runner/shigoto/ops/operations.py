@@ -21,7 +21,8 @@ import psycopg
 from psycopg import sql
 
 from shigoto import config, telemetry
-from shigoto.db import database, ops_statements, statements, steps
+from shigoto.db import database, ops_statements, steps
+from shigoto.db import runtime_statements as statements
 from shigoto.db.steps import Steps
 from shigoto.errors import ValidationError
 from shigoto.job import CANCELLABLE_STATES, FINISHED_STATES, JobState

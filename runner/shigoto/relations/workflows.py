@@ -29,7 +29,8 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import tuple_row
 
-from shigoto.db import inserts, statements
+from shigoto.db import inserts
+from shigoto.db import runtime_statements as statements
 from shigoto.db.inserts import InsertContext, InsertSpec
 from shigoto.errors import ValidationError
 from shigoto.job import FINISHED_STATES, Job

@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable
 from psycopg_pool import AsyncConnectionPool
 
 from shigoto import registry, telemetry
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 from shigoto.job import Job
+from shigoto.runtime.chain import Next
 from shigoto.runtime.executor import Completion
-from shigoto.runtime.middleware import Next
 from shigoto.worker import registered
 
 log = logging.getLogger("shigoto.runner")

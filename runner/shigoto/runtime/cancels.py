@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from psycopg_pool import AsyncConnectionPool
 
 from shigoto._service import Service
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 
 log = logging.getLogger("shigoto.cancels")
 

@@ -7,7 +7,7 @@ other's rows), shaped by what the runner knows at the moment of the claim:
   flow control holds back (`FlowControl.excluded`), so other jobs of the queue run instead of
   being claimed and handed straight back;
 - a queue's global limit: counted and claimed under the queue's transaction lock
-  (`shigoto.runtime.limiter`), never more than the room left;
+  (`shigoto.runtime.global_limits`), never more than the room left;
 - a fan-out queue: this runner's own delivery of each job (`shigoto.runtime.fanout`);
 - a fair queue (`Producer.fair`): round-robin across partition keys, optionally at most
   `Producer.partition_concurrency` jobs of one partition executing across all runners, counted
@@ -25,12 +25,12 @@ from typing import Any
 from psycopg.rows import RowMaker
 from psycopg_pool import AsyncConnectionPool
 
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 from shigoto.job import Job
 from shigoto.runtime import fanout
 from shigoto.runtime.flow_control import FlowControl
-from shigoto.runtime.limiter import GRACE, RESTART_GRACE, count_busy, lock_scope, scope_key
-from shigoto.runtime.middleware import GlobalLimits
+from shigoto.runtime.global_limits import GlobalLimits, count_busy, lock_scope, scope_key
+from shigoto.runtime.liveness import GRACE, RESTART_GRACE
 from shigoto.runtime.producer import Producer
 
 
@@ -208,7 +208,7 @@ class Claimer:
         self, conn: Any, statement: str, params: dict[str, Any], global_limit: int
     ) -> list[Job]:
         """Claim no more than the room the queue's global limit has left, counted and claimed
-        under the queue's transaction lock (see `shigoto.runtime.limiter`)."""
+        under the queue's transaction lock (see `shigoto.runtime.global_limits`)."""
         queue = params["queue"]
         async with conn.transaction():
             await lock_scope(conn, self.schema, scope_key(self.schema, "queue", queue))

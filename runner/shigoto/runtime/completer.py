@@ -29,7 +29,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from shigoto import telemetry
 from shigoto._service import Service
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 from shigoto.job import JobState
 from shigoto.runtime.executor import Completion, unstorable
 

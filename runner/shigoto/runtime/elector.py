@@ -27,7 +27,7 @@ import psycopg
 
 from shigoto._service import Service
 from shigoto.clock import SYSTEM, Clock, database_now
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 
 log = logging.getLogger("shigoto.elector")
 

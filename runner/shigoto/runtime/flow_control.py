@@ -42,7 +42,7 @@ from psycopg_pool import AsyncConnectionPool
 from shigoto import registry, telemetry
 from shigoto.clock import SYSTEM, Clock
 from shigoto.db import flow_statements as fs
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 from shigoto.flow import CircuitBreaker, RateLimit
 from shigoto.flow import circuit_breaker as machine
 from shigoto.flow.rate_limit import common_turn, take_turn

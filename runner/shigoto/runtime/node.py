@@ -12,7 +12,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from shigoto._service import Service
 from shigoto.clock import SYSTEM, Clock, database_now
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 
 
 def new_node_id() -> str:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import psycopg
 
 from shigoto._service import Service
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 
 RECONNECT_INITIAL = 0.2
 RECONNECT_MAX = 30.0

@@ -4,10 +4,10 @@ The producer wakes when a NOTIFY names its queue, when a slot frees up after a f
 (more work is likely waiting), or after `poll_interval` as a fallback. Each claim asks for as
 many jobs as there are free slots, so one round trip fills many slots under load.
 
-A queue with a global limit claims through the limiter's count (see `shigoto.runtime.limiter`): the
-claim itself takes no more than the room left across all runners. Its jobs count until their
-outcome is written, so the runner wakes the queue (by NOTIFY, every runner alike) after that,
-not when a perform ends.
+A queue with a global limit claims through the global limit's count (see
+`shigoto.runtime.global_limits`): the claim itself takes no more than the room left across
+all runners. Its jobs count until their outcome is written, so the runner wakes the queue (by
+NOTIFY, every runner alike) after that, not when a perform ends.
 
 Before each claim the producer waits for `room` (the completer's backlog below its bound): a
 runner whose outcomes cannot be written claims nothing more, as River's completer makes its

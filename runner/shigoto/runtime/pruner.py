@@ -17,7 +17,8 @@ from psycopg_pool import AsyncConnectionPool
 from shigoto import telemetry
 from shigoto._service import Service
 from shigoto.clock import SYSTEM, Clock, database_now
-from shigoto.db import flow_statements, ops_statements, statements, stats_statements
+from shigoto.db import flow_statements, ops_statements, stats_statements
+from shigoto.db import runtime_statements as statements
 
 PRUNE_BATCH = 10_000
 #: Seconds after which an idle rate limiter or a closed, untouched circuit breaker is forgotten.

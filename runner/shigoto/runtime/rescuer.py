@@ -38,7 +38,7 @@ from psycopg_pool import AsyncConnectionPool
 from shigoto import telemetry
 from shigoto._service import Service
 from shigoto.clock import SYSTEM, Clock, database_now
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 from shigoto.job import Job
 from shigoto.worker import DEFAULT_MAX_ATTEMPTS
 

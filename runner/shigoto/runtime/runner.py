@@ -31,7 +31,7 @@ from shigoto.client.queue_settings import QueueSetting, QueueSettingsWatcher, wr
 from shigoto.clock import SYSTEM, Clock
 from shigoto.cron.scheduler import CronScheduler, Schedule
 from shigoto.cron.scheduler import store as store_schedules
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 from shigoto.db.migrate import current_version, latest_version, migrate
 from shigoto.encryption.sealing import process_ring
 from shigoto.errors import ConfigurationError, Error, MigrationError
@@ -45,6 +45,7 @@ from shigoto.runtime import event_loop, fanout, rescuer
 from shigoto.runtime.bulkhead import Bulkheads
 from shigoto.runtime.cancels import CancelRequests
 from shigoto.runtime.capacity import Capacity
+from shigoto.runtime.chain import PrepareWorker, StuckThreadsGuard, chain
 from shigoto.runtime.claimer import Claimer
 from shigoto.runtime.completer import Completer
 from shigoto.runtime.elector import Elector
@@ -57,20 +58,15 @@ from shigoto.runtime.executor import (
     uncancel,
 )
 from shigoto.runtime.flow_control import FlowControl
+from shigoto.runtime.global_limits import GlobalLimits
 from shigoto.runtime.heap import freeze_startup_heap
-from shigoto.runtime.limiter import Limiter
+from shigoto.runtime.liveness import Liveness
 from shigoto.runtime.loop_watch import LoopWatch
-from shigoto.runtime.middleware import (
-    GlobalLimits,
-    ParentResults,
-    PrepareWorker,
-    ProgressWriter,
-    StuckThreadsGuard,
-    chain,
-)
 from shigoto.runtime.node import Heartbeat, new_node_id
 from shigoto.runtime.notifier import Notifier
+from shigoto.runtime.parent_results import ParentResults
 from shigoto.runtime.producer import HOLD_LIMIT, Producer
+from shigoto.runtime.progress import ProgressWriter
 from shigoto.runtime.pruner import Pruner
 from shigoto.runtime.rescuer import STUCK_AFTER, OrphanSweep, Rescuer
 from shigoto.runtime.sampler import Sampler
@@ -146,7 +142,7 @@ class Runner:
     its queues' lowest priorities first (`shigoto.runtime.shedding`); default None: off, since
     only the application knows whether its priorities may wait.
 
-    Each claimed job goes through the execution middleware chain (`shigoto.runtime.middleware`:
+    Each claimed job goes through the execution middleware chain (`shigoto.runtime.chain`:
     worker resolution, global limits, the stuck-thread count, the progress writer) to the
     executor, and its outcome to the completer.
     """
@@ -205,13 +201,13 @@ class Runner:
         self.clock = clock
         self.elector = Elector(self.url, self.schema, clock=clock)
         self.global_concurrency = dict(global_concurrency or {})
-        self.limiter = Limiter(self.url, self.schema, self.node, clock=clock)
+        self.liveness = Liveness(self.url, self.schema, self.node, clock=clock)
         self.stmts = statements.statements(self.schema)
         self.limits = GlobalLimits(lambda: self._pool, self.stmts, self.node,
-                                   self._queue_limited, fence=self.limiter.fence)  # fmt: skip
-        self.limiter.fence.on_fence = self._fence_limited
-        self.limiter.fence.on_lift = lambda: [p.wake() for p in self.producers.values()]
-        self.limiter.fence.still_running = lambda job_id: (
+                                   self._queue_limited, fence=self.liveness.fence)  # fmt: skip
+        self.liveness.fence.on_fence = self._fence_limited
+        self.liveness.fence.on_lift = lambda: [p.wake() for p in self.producers.values()]
+        self.liveness.fence.still_running = lambda job_id: (
             self._executor is not None and self._executor.still_running(job_id))  # fmt: skip
         self.progress = ProgressWriter(lambda: self._pool, self.stmts)
         self.flow = FlowControl(
@@ -268,7 +264,7 @@ class Runner:
         )  # fmt: skip
         await pool.open(wait=True, timeout=30)
         self._pool = pool
-        self.limiter.pool = pool
+        self.liveness.pool = pool
         try:
             await self._check_schema(pool)
             if self.freeze_heap:  # the worker modules are imported: start-up is over
@@ -278,7 +274,7 @@ class Runner:
                     await write_limits(conn, self.schema, self.global_concurrency)
             await self._serve(pool)
         finally:
-            await self.limiter.close()
+            await self.liveness.close()
             await pool.close()
             for threads in (self._threads, self._callbacks):
                 if threads is not None:
@@ -363,10 +359,10 @@ class Runner:
             services["cron"] = CronScheduler(
                 pool, self.schema, is_leader=leader, interval=s.cron_interval
             )
-        # Every service alike: the elector, the limiter (proves this runner alive to every
+        # Every service alike: the elector, the liveness prover (proves this runner alive to every
         # runner's limit counts until the very end), the completer, the notifier, then the
         # maintenance services.
-        self._services = {"elector": self.elector, "limiter": self.limiter,
+        self._services = {"elector": self.elector, "liveness": self.liveness,
                           "completer": self._completer, "notifier": notifier, **services}
         for service in self._services.values():
             service.start()
@@ -609,7 +605,7 @@ class Runner:
         """Every job whose row this runner is responsible for now: claimed and not finished,
         its outcome waiting for a thread or being written, or a fan-out delivery."""
         held = {job_id for p in self.producers.values() for job_id in p.running}
-        held |= self._deferred | set(self.claimer.fanout_ids) | self.limiter.fence.holding()
+        held |= self._deferred | set(self.claimer.fanout_ids) | self.liveness.fence.holding()
         if self._completer is not None:
             held |= self._completer.holds()
         return held
@@ -813,9 +809,9 @@ class Runner:
             return
 
     def _fence_limited(self) -> None:
-        """The limiter's fence closed: no proof of this runner reached the database for
+        """The liveness fence closed: no proof of this runner reached the database for
         `FENCE_AFTER` seconds, so the others may soon stop counting its jobs against their
-        global limits (`shigoto.runtime.limiter`). Stop its limited jobs before they do: each
+        global limits (`shigoto.runtime.liveness`). Stop its limited jobs before they do: each
         task is cancelled (async: at its await; sync: `current_job().cancelled`; a child
         process: killed) without an operator's reason, so no outcome is written, and the job
         is held by the fence, which puts it back once a proof gets through. A job whose
@@ -829,7 +825,7 @@ class Runner:
                 if (job.id in self.claimer.fanout_ids or self._executor.decided(job.id)
                         or not self.limits.limited(job)):  # fmt: skip
                     continue
-                self.limiter.fence.hold(job, task)
+                self.liveness.fence.hold(job, task)
                 task.cancel()
                 stopped.append(job.id)
         if stopped:

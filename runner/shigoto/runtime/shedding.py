@@ -41,8 +41,8 @@ from shigoto import telemetry
 from shigoto._service import Service
 from shigoto.flow.codel import DEFAULT_INTERVAL, CoDel, check_setting, level_floor
 from shigoto.job import Job
+from shigoto.runtime.chain import Next
 from shigoto.runtime.executor import Completion
-from shigoto.runtime.middleware import Next
 from shigoto.runtime.producer import Producer
 
 log = logging.getLogger("shigoto.runner")

@@ -1,4 +1,7 @@
-"""Every runtime SQL statement, named, composed once per schema.
+"""The runner's SQL: the statements of a job's life in the engine (insert, claim, complete, put
+back, stage, rescue, archive) and of its services (nodes, leadership, global limits), named
+and composed once per schema. Features keep theirs beside it, one `<feature>_statements`
+module each.
 
 Table names go through `psycopg.sql.Identifier`; nothing user-supplied is ever formatted into
 SQL text. Statements are plain strings afterwards so psycopg can prepare them server-side.
@@ -384,7 +387,7 @@ SELECT pg_notify({discard_channel}, {schema_name} || '.' || id)
 FROM unnest(%(ids)s::bigint[]) AS id
 """
 
-# -- global limits (see shigoto.runtime.limiter for the rules) ---------------------------------
+# -- global limits (see shigoto.runtime.global_limits and .liveness) --------------------------
 
 # A session advisory lock per node (bigint key, so objsubid 1 in pg_locks): held by the node's
 # limiter connection for as long as the process lives. `_BUSY` computes the same key.
@@ -410,7 +413,7 @@ FOR UPDATE OF j
 """
 
 # Whether the runner of executing row `j` (joined to its node `n`, with `locked` the granted
-# advisory locks) may still be running it; see shigoto.runtime.limiter.
+# advisory locks) may still be running it; see shigoto.runtime.liveness.
 _RUNNER_MAY_LIVE = """(
     n.last_seen_at > now() - make_interval(secs => %(grace)s)
     OR pg_postmaster_start_time() > now() - make_interval(secs => %(restart_grace)s)

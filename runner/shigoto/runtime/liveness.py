@@ -1,12 +1,5 @@
-"""Global concurrency limits across every runner, counted from the executing rows themselves.
-
-A limit of N (per queue, or per worker) admits a job only while fewer than N jobs of its scope
-are `executing` on runners that may still be running them. The count and the claim happen in
-one transaction under a transaction-level advisory lock on the scope, so two runners never
-admit against the same count. A row stays `executing` until its outcome is written, after the
-perform returned: the count can only be too high for a moment, never too low. That holds
-whatever happens to a connection: a killed limiter session or a database restart loses no
-row, so no job can ever run over the limit because a lock went away with its session.
+"""A runner's liveness, as the other runners see it: what keeps its jobs counting against
+global limits (`shigoto.runtime.global_limits`) while it lives, and no longer.
 
 The rows of a runner that really died must stop counting, or its slots would be lost until the
 rescuer returns its jobs (90 s by default). A row counts while its node *may be alive*:
@@ -63,7 +56,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -73,10 +65,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from shigoto._service import Service
 from shigoto.clock import SYSTEM, Clock, database_now
-from shigoto.db import statements
+from shigoto.db import runtime_statements as statements
 from shigoto.job import Job
 
-log = logging.getLogger("shigoto.limiter")
+log = logging.getLogger("shigoto.liveness")
 
 #: How often (seconds) a runner proves it is alive: liveness lock held, `last_seen_at` fresh.
 PROVE_INTERVAL = 1.0
@@ -101,29 +93,6 @@ STALL_SLACK = 0.25
 STALL_RECHECK = 0.5
 #: Past the deadline of a timer, so that it never fires a hair before the fence closes.
 _TIMER_SLACK = 0.001
-
-
-def scope_key(schema: str, kind: str, name: str) -> int:
-    """A stable signed 32-bit key for one limit (a queue's or a worker's)."""
-    value = zlib.crc32(f"shigoto:{schema}:{kind}:{name}".encode())
-    return value - 2**32 if value >= 2**31 else value
-
-
-async def count_busy(
-    conn: psycopg.AsyncConnection[Any], schema: str, kind: str, names: list[str]
-) -> dict[str, int]:
-    """Executing jobs that count against the limits of `names` (queues or workers)."""
-    stmts = statements.statements(schema)
-    statement = stmts.busy_by_queue if kind == "queue" else stmts.busy_by_worker
-    cur = await conn.execute(
-        statement, {"names": names, "grace": GRACE, "restart_grace": RESTART_GRACE}
-    )
-    return {str(name): int(n) for name, n in await cur.fetchall()}
-
-
-async def lock_scope(conn: psycopg.AsyncConnection[Any], schema: str, scope: int) -> None:
-    """Serialise admissions of one scope until the end of the current transaction."""
-    await conn.execute(statements.statements(schema).lock_scope, {"scope": scope})
 
 
 def _nothing() -> None:
@@ -268,7 +237,7 @@ class Fence:
             self._held.pop(job_id, None)
 
 
-class Limiter(Service):
+class Liveness(Service):
     """Keeps this runner provably alive for the limit counts of every runner, and fences it
     when it cannot (see the module docstring).
 
@@ -278,7 +247,7 @@ class Limiter(Service):
     sent, and puts back the jobs the fence stopped once proofs get through again.
     """
 
-    name = "limiter"
+    name = "liveness"
 
     def __init__(
         self,
@@ -431,5 +400,5 @@ class Limiter(Service):
 
 __all__ = [
     "FENCE_AFTER", "GRACE", "PROVE_INTERVAL", "PROVE_TIMEOUT", "RESTART_GRACE", "Fence",
-    "Limiter", "count_busy", "lock_scope", "scope_key",
+    "Liveness",
 ]  # fmt: skip

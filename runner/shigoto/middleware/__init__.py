@@ -199,8 +199,23 @@ def with_meta(spec: JobSpec, values: dict[str, Any]) -> JobSpec:
     return replace(spec, meta_json=text)
 
 
+# The shipped middlewares (log context, deadlines), registered like any other.
+from shigoto.middleware.shipped import deadline, log_context  # noqa: E402
+
 __all__ = [
-    "AsyncEnqueueMiddleware", "EnqueueMiddleware", "EnqueueTwins", "ExecutionMiddleware",
-    "enqueue_middleware", "execution_middleware", "is_async", "remove_enqueue_middleware",
-    "remove_middleware", "spec_meta", "use_enqueue_middleware", "use_middleware", "with_meta",
+    "AsyncEnqueueMiddleware",
+    "EnqueueMiddleware",
+    "EnqueueTwins",
+    "ExecutionMiddleware",
+    "deadline",
+    "enqueue_middleware",
+    "execution_middleware",
+    "is_async",
+    "log_context",
+    "remove_enqueue_middleware",
+    "remove_middleware",
+    "spec_meta",
+    "use_enqueue_middleware",
+    "use_middleware",
+    "with_meta",
 ]  # fmt: skip

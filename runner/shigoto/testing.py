@@ -104,8 +104,8 @@ async def adrain_queue(
                 )
             while True:
                 cur = conn.cursor(row_factory=dict_row)
-                # min_priority None: a drain claims every priority (no load shedding here).
-                claim = {"queue": queue, "limit": 1, "node": node, "min_priority": None}
+                # The plain claim, no plugins: a drain claims every priority and every worker.
+                claim = {"queue": queue, "limit": 1, "node": node}
                 await cur.execute(stmts.claim, claim)
                 row = await cur.fetchone()
                 if row is None:

@@ -15,9 +15,14 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 import shigoto
+from shigoto.db import fair_statements
 from shigoto.db import runtime_statements as statements
 from shigoto.runtime.claimer import Claimer
+from shigoto.runtime.fair_claim import FAIR_WINDOW, FairClaim
+from shigoto.runtime.global_limits import GlobalLimits
+from shigoto.runtime.plugins import ClaimAsk, Fragment
 from shigoto.runtime.producer import Producer
+from shigoto.runtime.shedding import Shedding
 from tests.support.attempts import ENV, assert_no_overlap
 from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import until, wait_until
@@ -26,17 +31,17 @@ WORKER = "tests.support.fair_workers.record_run"
 NODE = "fair-test-node"
 
 
-class _NoneHeldBack:
-    """Stands in for GlobalLimits and FlowControl: no worker is held back, unless told."""
+class _LeaveOut:
+    """A claim plugin that leaves the given workers out, as a full bulkhead or an open
+    breaker would."""
 
-    def __init__(self, excluded: list[str] | None = None) -> None:
-        self._excluded = excluded or []
+    name = "leave_out"
 
-    async def saturated(self, _conn: Any) -> list[str]:
-        return []
+    def __init__(self, workers: list[str]) -> None:
+        self.workers = workers
 
-    async def excluded(self, _conn: Any, _queue: str) -> list[str]:
-        return list(self._excluded)
+    async def fragment(self, _ask: ClaimAsk, _conn: Any) -> Fragment | None:
+        return Fragment(leave_out=self.workers)
 
 
 @pytest.fixture
@@ -46,10 +51,18 @@ async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool]:
         yield p
 
 
-def _claimer(pool: AsyncConnectionPool, excluded: list[str] | None = None) -> Claimer:
-    held = _NoneHeldBack(excluded)
-    return Claimer(lambda: pool, statements.statements("public"), NODE,
-                   limits=held, flow=held)  # type: ignore[arg-type]  # fmt: skip
+def _claimer(
+    pool: AsyncConnectionPool, excluded: list[str] | None = None, window: int = FAIR_WINDOW
+) -> Claimer:
+    """The runner's claim with its real plugins for what these tests set on the producer (a
+    queue's global limit, load shedding's floor), and a fair shape walking `window` keys."""
+    stmts = statements.statements("public")
+    limits = GlobalLimits(lambda: pool, stmts, NODE, queue_limited=lambda _queue: True)
+    plugins: list[Any] = [limits, Shedding(1.0, dict, NODE)]
+    if excluded:
+        plugins.append(_LeaveOut(excluded))
+    return Claimer(lambda: pool, stmts, NODE, plugins=plugins,
+                   shapes=[FairClaim("public", window=window)])  # fmt: skip
 
 
 def _producer(
@@ -148,8 +161,7 @@ async def test_many_partitions_are_walked_a_window_at_a_time(db_url: str, pool: 
     the partition served last, wrapping past the last key to the first: every partition gets
     its second job only after every one got its first, and g's second waits for a, b, c, d."""
     _enqueue("wide", {k: 2 for k in "abcdefg"})
-    claimer, producer = _claimer(pool), _producer("wide")
-    claimer.fair_window = 3
+    claimer, producer = _claimer(pool, window=3), _producer("wide")
     claims = [sorted(_keys(await claimer.claim(producer, "wide", 3))) for _ in range(5)]
     assert claims == [["a", "b", "c"], ["d", "e", "f"], ["a", "b", "g"], ["c", "d", "e"],
                       ["f", "g"]]  # fmt: skip
@@ -161,8 +173,7 @@ async def test_a_walk_past_the_last_key_starts_again_from_the_first(
     """A window after the last key may hold nothing any more: the same claim walks from the
     first key instead of coming back empty."""
     _enqueue("wrap", {k: 2 for k in "abcd"})
-    claimer, producer = _claimer(pool), _producer("wrap")
-    claimer.fair_window = 2
+    claimer, producer = _claimer(pool, window=2), _producer("wrap")
     assert _keys(await claimer.claim(producer, "wrap", 2)) == ["a", "b"]
     conn.execute("DELETE FROM shigoto_jobs WHERE partition_key IN ('c', 'd')")
     assert _keys(await claimer.claim(producer, "wrap", 2)) == ["a", "b"]
@@ -275,12 +286,12 @@ async def test_explain_reads_no_backlog_of_a_big_partition(
     the walk starts at the first key or wraps around past the last one."""
     _enqueue("explain", {"big": 10_000, **{f"t{i}": 10 for i in range(5)}})
     conn.execute("ANALYZE shigoto_jobs")
-    stmts = statements.statements("public")
-    params = {"queue": "explain", "limit": 10, "node": NODE, "min_priority": None,
+    fair = statements.claim("public", fair_statements.PICK, (), fair_statements.RETURNING_EXTRA)
+    params = {"queue": "explain", "limit": 10, "node": NODE,
               "cap": None, "grace": 3.0, "restart_grace": 15.0, "window": 128,
               "after": after}  # fmt: skip
     with conn.transaction(force_rollback=True):
-        plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + stmts.claim_fair,
+        plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + fair,
                             params).fetchone()[0][0]  # type: ignore[index]  # fmt: skip
     assert _max_rows(plan["Plan"]) < 200, plan
 

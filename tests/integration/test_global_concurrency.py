@@ -95,7 +95,8 @@ def test_three_runners_never_exceed_global_limit_and_reach_it(
     # Every job not stranded on the killed runner completed exactly once.
     stranded = count(conn, "SELECT count(*) FROM shigoto_jobs WHERE state = 'executing'")
     completed = count(conn, "SELECT count(*) FROM shigoto_jobs WHERE state = 'completed'")
-    assert completed + stranded == total
+    states = conn.execute("SELECT state, count(*) FROM shigoto_jobs GROUP BY 1").fetchall()
+    assert completed + stranded == total, f"jobs by state: {states}"
     ran_twice = "SELECT count(*) FROM (SELECT job_id FROM overlap_log GROUP BY job_id " \
         "HAVING count(*) > 1) AS d"
     assert count(conn, ran_twice) == 0

@@ -25,9 +25,9 @@ import psycopg
 
 import shigoto
 from shigoto.cli.bench import drop_database, prepare_database
-from shigoto.db import database, embedded
+from shigoto.db import database, embedded, fair_statements
 from shigoto.db import runtime_statements as statements
-from shigoto.runtime.claimer import FAIR_WINDOW as WINDOW
+from shigoto.runtime.fair_claim import FAIR_WINDOW as WINDOW
 from shigoto.runtime.liveness import GRACE, RESTART_GRACE
 
 NAME = "shigoto_bench_fair"
@@ -46,7 +46,7 @@ def _fill(url: str, queue: str, counts: dict[str | None, int]) -> float:
 
 
 def _params(queue: str, cap: int | None) -> dict[str, Any]:
-    return {"queue": queue, "limit": LIMIT, "node": NODE, "min_priority": None, "cap": cap,
+    return {"queue": queue, "limit": LIMIT, "node": NODE, "cap": cap,
             "grace": GRACE, "restart_grace": RESTART_GRACE, "window": WINDOW,
             "after": ""}  # fmt: skip
 
@@ -82,6 +82,7 @@ def _scanned(node: dict[str, Any]) -> float:
 
 def _round(url: str, backlog: int, claims: int) -> dict[str, Any]:
     stmts = statements.statements("public")
+    fair = statements.claim("public", fair_statements.PICK, (), fair_statements.RETURNING_EXTRA)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("TRUNCATE shigoto_jobs")
         conn.execute("INSERT INTO shigoto_nodes (id, hostname, pid) VALUES (%s, 'bench', 1) "
@@ -92,11 +93,11 @@ def _round(url: str, backlog: int, claims: int) -> dict[str, Any]:
         conn.execute("ANALYZE shigoto_jobs")
         out: dict[str, Any] = {
             "plain_claim_ms": _claim_ms(conn, stmts.claim, _params("plain", None), claims),
-            "fair_claim_ms": _claim_ms(conn, stmts.claim_fair, _params("fair", None), claims),
-            "fair_capped_claim_ms": _claim_ms(conn, stmts.claim_fair, _params("fair", 5), claims),
+            "fair_claim_ms": _claim_ms(conn, fair, _params("fair", None), claims),
+            "fair_capped_claim_ms": _claim_ms(conn, fair, _params("fair", 5), claims),
             "fair_claim_1000_partitions_ms":
-                _claim_ms(conn, stmts.claim_fair, _params("wide", None), max(claims // 10, 5)),
-            "fair_plan": _plan_rows(conn, stmts.claim_fair, _params("fair", None)),
+                _claim_ms(conn, fair, _params("wide", None), max(claims // 10, 5)),
+            "fair_plan": _plan_rows(conn, fair, _params("fair", None)),
             "copy_with_fair_index_s": copy_with_index,
         }  # fmt: skip
         conn.execute("TRUNCATE shigoto_jobs")

@@ -13,7 +13,7 @@ from shigoto.client import queue_settings
 from shigoto.client.enqueuing import OPTION_KEYWORDS
 from shigoto.errors import ValidationError
 from shigoto.job import Job, JobState
-from shigoto.runtime.claimer import FairRow, last_served, more_to_offer
+from shigoto.runtime.fair_claim import FairRow, last_served, more_to_offer
 
 NAME = "tests.unit.partition.job"
 

@@ -1,10 +1,10 @@
-"""Runtime SQL: composed per schema, states from JobState, the claim's variants from parts."""
+"""Runtime SQL: composed per schema, states from JobState, one claim shaped by its parts."""
 
 from __future__ import annotations
 
 import dataclasses
-import re
 
+from shigoto.db import fair_statements
 from shigoto.db import runtime_statements as statements
 from shigoto.job import FINISHED_STATES, JobState
 
@@ -18,17 +18,20 @@ def test_every_statement_composes_for_a_schema_that_needs_quoting() -> None:
     assert '"we""ird"."shigoto_leaders"' in stmts.acquire_lease
 
 
-def test_the_claim_variants_differ_only_in_their_parts() -> None:
-    s = statements.statements("public")
-    assert "ALL(%(exclude)s" not in s.claim and "%(room)s" not in s.claim
-    assert "ALL(%(exclude)s" in s.claim_excluding and "%(room)s" not in s.claim_excluding
-    assert "%(room)s" in s.claim_limited and "ALL(%(exclude)s" not in s.claim_limited
-    both = s.claim_excluding_limited
-    assert "ALL(%(exclude)s" in both and "least(%(limit)s, %(room)s)" in both
-    strip = re.compile(r" AND worker <> ALL\(%\(exclude\)s::text\[\]\)|least\(|, %\(room\)s\)")
-    assert strip.sub("", both).replace("LIMIT %(limit)s", "") == s.claim.replace(
-        "LIMIT %(limit)s", ""
-    )
+def test_one_claim_whose_only_differences_are_the_pick_and_the_conditions() -> None:
+    """Every claim is the same UPDATE: plugins' conditions land in the pick's `{filters}` slot
+    and nowhere else, and a shape changes only the pick and the columns returned after the
+    job's."""
+    plain = statements.claim("public")
+    assert plain == statements.statements("public").claim
+    filtered = statements.claim("public", filters=("j.priority >= 3", "j.worker <> 'x'"))
+    added = "\n      AND (j.priority >= 3)\n      AND (j.worker <> 'x')"
+    assert filtered.replace(added, "") == plain
+    fair = statements.claim("public", fair_statements.PICK, (), fair_statements.RETURNING_EXTRA)
+    update = plain[plain.index("\nUPDATE"):]
+    assert fair.endswith(update.rstrip("\n") + fair_statements.RETURNING_EXTRA + "\n")
+    assert statements.claim("public", filters=("j.priority >= 3",)) is statements.claim(
+        "public", filters=("j.priority >= 3",))  # composed once, prepared once
 
 
 def test_finished_states_come_from_job_state_in_its_order() -> None:

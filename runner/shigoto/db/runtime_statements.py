@@ -72,27 +72,32 @@ _NOTIFY_QUEUES = """
 SELECT pg_notify({channel}, {schema_name} || '.' || q) FROM unnest(%(queues)s::text[]) AS q
 """
 
-# Returns JOB_COLUMNS in order, so the runner builds each Job positionally (Job.from_values).
-# Two optional parts make its four variants (see `_claim_parts`): `{exclude}` leaves out the
-# jobs of workers at their global limit, so other jobs of the queue run instead of being claimed
-# and handed straight back; `{limit}` caps the claim at the room a queue's global limit has left.
-# `{min_priority}` is load shedding's floor (NULL: every priority), a range on the claim index.
+# The claim: one statement for every queue. `{pick}` is a CTE chain ending in `picked` (the ids
+# to take, locked FOR UPDATE SKIP LOCKED so runners never wait on each other's rows): `_PICK`,
+# priority order, or a shape's own (the fair round robin, db/fair_statements.PICK). Every pick
+# has a `{filters}` slot where the claim plugins' conditions go (shigoto.runtime.plugins), each
+# on the candidate row `j`, and takes `%(limit)s` rows at most. `{returning}` adds a shape's own
+# columns after JOB_COLUMNS, which come first and in order, so the runner builds each Job
+# positionally (Job.from_values). RECURSIVE is harmless for a pick that does not recurse.
 _CLAIM = f"""
-WITH picked AS (
-    SELECT id FROM {{jobs}}
-    WHERE state = {{available}} AND queue = %(queue)s{{exclude}}
-      AND priority >= {{min_priority}}
-    ORDER BY priority DESC, scheduled_at, id
-    LIMIT {{limit}}
-    FOR UPDATE SKIP LOCKED
-)
+WITH RECURSIVE {{pick}}
 UPDATE {{jobs}} AS j
 SET state = {{executing}}, attempt = j.attempt + 1, attempted_at = now(),
     attempted_by = %(node)s, progress = NULL
 FROM picked
 WHERE j.id = picked.id
-RETURNING {", ".join(f"j.{c}" for c in JOB_COLUMNS)}
+RETURNING {", ".join(f"j.{c}" for c in JOB_COLUMNS)}{{returning}}
 """
+
+# The plain pick: the queue's available jobs by priority, then due time, then id (the claim
+# index's order, so the plan is a range scan that stops at `limit`).
+PICK = """picked AS (
+    SELECT j.id FROM {jobs} AS j
+    WHERE j.state = {available} AND j.queue = %(queue)s{filters}
+    ORDER BY j.priority DESC, j.scheduled_at, j.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)"""
 
 # Slots of global limits held right now, across every session of this database.
 _SLOTS_HELD = """
@@ -414,7 +419,7 @@ FOR UPDATE OF j
 
 # Whether the runner of executing row `j` (joined to its node `n`, with `locked` the granted
 # advisory locks) may still be running it; see shigoto.runtime.liveness.
-_RUNNER_MAY_LIVE = """(
+RUNNER_MAY_LIVE = """(
     n.last_seen_at > now() - make_interval(secs => %(grace)s)
     OR pg_postmaster_start_time() > now() - make_interval(secs => %(restart_grace)s)
     OR (((hashtextextended({schema_name} || ':' || j.attempted_by, 0) >> 32)
@@ -435,102 +440,9 @@ WITH locked AS MATERIALIZED (
 SELECT {column}, count(*) AS busy
 FROM {jobs} AS j LEFT JOIN {nodes} AS n ON n.id = j.attempted_by
 WHERE j.state = {executing} AND {column} = ANY(%(names)s::text[])
-  AND """ + _RUNNER_MAY_LIVE + """
+  AND """ + RUNNER_MAY_LIVE + """
 GROUP BY {column}
 """
-
-# The fair claim (a queue with `fair`): round-robin across partition keys. A partition's
-# `turn` for its n-th job offered is n plus its jobs executing now, so the first job of every
-# partition is claimed before the second of any, and a partition whose jobs already fill the
-# runners waits behind one with none. Within a turn, partitions go in the order of the walk,
-# which starts just after `%(after)s`, the partition the runner's previous claim served last:
-# the executing rows alone cannot say who was served last, since a finished job's row may be
-# written back before the next claim (then its partition's turn is not raised, and ties went
-# to the oldest job: one job per claim turned FIFO).
-# - `keys` walks the distinct keys of the queue's available jobs, one index probe per key (a
-#   skip scan on shigoto_jobs_fair_claim_idx), never reading a partition's backlog; a job
-#   without a key is in partition ''. From the first key after `after` to the last, then from
-#   the first key (`lap`) up to `after` itself, so the partition served last comes last; at
-#   most `window` keys, so a queue with thousands of keys costs the same per claim and the
-#   next claim continues where this one stopped. `after` '' (no claim yet) walks every named
-#   key, then ''.
-# - Each partition offers its first `share` jobs in claim order (LIMIT, SKIP LOCKED: rows other
-#   claims hold are passed over, never waited for), so the rows read and locked stay near
-#   `limit` plus one per partition. Each row also returns `share` (the claimer asks again
-#   when a partition gave its whole share and the claim is still short), and its `turn` and
-#   walk position `n` (the claimer's next `after` is the key of the greatest).
-# - `busy` counts the queue's executing jobs per partition (a scan of the executing rows only).
-#   `cap` (partition_concurrency, NULL: none) lowers each partition's share to the room its
-#   executing jobs leave, those counted like a global limit's (their runner may live); the
-#   claimer takes the queue's transaction lock first, so the count and the claim are one
-#   decision.
-_CLAIM_FAIR = (
-    """
-WITH RECURSIVE keys(k, n, lap) AS (
-    SELECT %(after)s::text, 0, false
-    UNION ALL
-    SELECT coalesce(later.k, first.k), keys.n + 1, keys.lap OR later.k IS NULL
-    FROM keys
-    LEFT JOIN LATERAL (
-        SELECT coalesce(j.partition_key, '') AS k FROM {jobs} AS j
-        WHERE j.state = {available} AND j.queue = %(queue)s
-          AND coalesce(j.partition_key, '') > keys.k
-        ORDER BY coalesce(j.partition_key, '') LIMIT 1
-    ) AS later ON true
-    LEFT JOIN LATERAL (
-        SELECT coalesce(j.partition_key, '') AS k FROM {jobs} AS j
-        WHERE later.k IS NULL AND NOT keys.lap
-          AND j.state = {available} AND j.queue = %(queue)s
-        ORDER BY coalesce(j.partition_key, '') LIMIT 1
-    ) AS first ON true
-    WHERE keys.k IS NOT NULL AND keys.n < %(window)s
-      AND NOT (keys.lap AND keys.k >= %(after)s::text)
-), parts AS MATERIALIZED (
-    SELECT k, n FROM keys
-    WHERE n > 0 AND k IS NOT NULL AND NOT (lap AND k > %(after)s::text)
-), share AS (
-    SELECT greatest(1, ceil(%(limit)s::numeric / greatest(count(*), 1)))::int AS n FROM parts
-), locked AS MATERIALIZED (
-    SELECT classid, objid FROM pg_locks
-    WHERE %(cap)s::int IS NOT NULL AND locktype = 'advisory' AND granted AND objsubid = 1
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-), busy AS (
-    SELECT coalesce(j.partition_key, '') AS k, count(*) AS running,
-           count(*) FILTER (WHERE %(cap)s::int IS NOT NULL AND """
-    + _RUNNER_MAY_LIVE
-    + f""") AS n
-    FROM {{jobs}} AS j LEFT JOIN {{nodes}} AS n ON n.id = j.attempted_by
-    WHERE j.state = {{executing}} AND j.queue = %(queue)s
-    GROUP BY 1
-), offered AS (
-    SELECT c.id, p.n,
-           coalesce(b.running, 0)
-           + row_number() OVER (PARTITION BY p.k
-                                ORDER BY c.priority DESC, c.scheduled_at, c.id) AS turn
-    FROM parts AS p
-    CROSS JOIN share AS s
-    LEFT JOIN busy AS b ON b.k = p.k
-    CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.scheduled_at FROM {{jobs}} AS j
-        WHERE j.state = {{available}} AND j.queue = %(queue)s
-          AND coalesce(j.partition_key, '') = p.k
-          AND j.priority >= {{min_priority}}{{exclude}}
-        ORDER BY j.priority DESC, j.scheduled_at, j.id
-        LIMIT greatest(0, least(s.n, coalesce(%(cap)s::int - b.n, %(cap)s::int, s.n)))
-        FOR UPDATE OF j SKIP LOCKED
-    ) AS c
-), picked AS (
-    SELECT id, turn, n FROM offered ORDER BY turn, n LIMIT %(limit)s
-)
-UPDATE {{jobs}} AS j
-SET state = {{executing}}, attempt = j.attempt + 1, attempted_at = now(),
-    attempted_by = %(node)s, progress = NULL
-FROM picked
-WHERE j.id = picked.id
-RETURNING {", ".join(f"j.{c}" for c in JOB_COLUMNS)}, (SELECT n FROM share) AS share,
-          picked.turn, picked.n
-"""
-)
 
 # Serialises the admissions of one limit until the end of the transaction (objsubid 2: the
 # two-int form, apart from the liveness locks).
@@ -571,11 +483,6 @@ class Statements:
     copy_jobs: str
     notify_queues: str
     claim: str
-    claim_excluding: str
-    claim_limited: str
-    claim_excluding_limited: str
-    claim_fair: str
-    claim_fair_excluding: str
     slots_held: str
     complete: str
     put_back: str
@@ -619,16 +526,13 @@ def _literal(state: JobState) -> sql.Literal:
 
 # Placeholders every template may use besides the tables: each state by its name (so no state is
 # spelled out in SQL), the finished states as one list in JobState's order (matching the partial
-# indexes' predicates), the time of a decision, and the optional parts of the claim.
+# indexes' predicates), and the time of a decision.
 _FIXED_PARTS: dict[str, sql.Composable] = {
     **{state.value: _literal(state) for state in JobState},
     "finished": sql.SQL("({})").format(
         sql.SQL(", ").join(_literal(s) for s in JobState if s in FINISHED_STATES)
     ),
     "now": sql.SQL("coalesce(%(now)s::timestamptz, now())"),
-    "exclude": sql.SQL(""),
-    "limit": sql.SQL("%(limit)s"),
-    "min_priority": sql.SQL("coalesce(%(min_priority)s::int, -2147483648)"),
     "pending": sql.Literal(ON_DISCARD_PENDING),
     "final": sql.SQL(
         "(CASE WHEN j.cancel_requested_at IS NOT NULL AND u.state <> {c} THEN {x} "
@@ -637,9 +541,6 @@ _FIXED_PARTS: dict[str, sql.Composable] = {
     "discard_channel": sql.Literal(DISCARD_CHANNEL),
 }
 
-# The claim's variants: leaving saturated workers out, and capped by a queue's global limit.
-_EXCLUDE = sql.SQL(" AND worker <> ALL(%(exclude)s::text[])")
-_LIMITED = sql.SQL("least(%(limit)s, %(room)s)")
 # The database's own clock, for statements that ops runs outside any service.
 _DB_NOW = sql.SQL("now()")
 
@@ -670,6 +571,19 @@ def compose(template: str, schema: str) -> str:
 
 
 @functools.cache
+def claim(
+    schema: str, pick: str = PICK, filters: tuple[str, ...] = (), returning: str = ""
+) -> str:
+    """The claim for `schema` with `pick`, its `{filters}` slot holding each condition of
+    `filters` (claim plugins' `Fragment.where`, which may use the same placeholders as any
+    template), and `returning` after the job's columns. Cached: the variants a runner uses
+    are few, and each stays one prepared statement."""
+    where = "".join(f"\n      AND ({condition})" for condition in filters)
+    picked = _compose(pick, schema, filters=sql.SQL(_compose(where, schema)))
+    return _compose(_CLAIM, schema, pick=sql.SQL(picked), returning=sql.SQL(returning))
+
+
+@functools.cache
 def statements(schema: str) -> Statements:
     """Compose (once) every statement for `schema`."""
     templates = {
@@ -677,8 +591,6 @@ def statements(schema: str) -> Statements:
         "reserve_ids": _RESERVE_IDS,
         "copy_jobs": _COPY_JOBS,
         "notify_queues": _NOTIFY_QUEUES,
-        "claim": _CLAIM,
-        "claim_fair": _CLAIM_FAIR,
         "slots_held": _SLOTS_HELD,
         "complete": _COMPLETE,
         "put_back": _PUT_BACK,
@@ -708,10 +620,7 @@ def statements(schema: str) -> Statements:
         "resign_lease": _RESIGN,
     }
     variants = {
-        "claim_excluding": _compose(_CLAIM, schema, exclude=_EXCLUDE),
-        "claim_limited": _compose(_CLAIM, schema, limit=_LIMITED),
-        "claim_excluding_limited": _compose(_CLAIM, schema, exclude=_EXCLUDE, limit=_LIMITED),
-        "claim_fair_excluding": _compose(_CLAIM_FAIR, schema, exclude=_EXCLUDE),
+        "claim": claim(schema),
         "archive": _compose(_ARCHIVE, schema, now=_DB_NOW),
         "delete_archived": _compose(_DELETE_ARCHIVED, schema, now=_DB_NOW),
         "busy_by_queue": _compose(_BUSY, schema, column=sql.Identifier("j", "queue")),

@@ -7,7 +7,8 @@ twin, counted in PostgreSQL; this one is local, counted in memory, and costs no 
 Two parts, both from what this runner's producers hold:
 
 - `excluded(queue)`: the claim leaves the jobs of a worker already at its cap where they are
-  (`Claimer(local_excluded=...)`), so the queue's other jobs are claimed instead;
+  (its claim fragment, see `shigoto.runtime.plugins`), so the queue's other jobs are claimed
+  instead;
 - the middleware: a job claimed over the cap anyway (claims of several queues, or a batch
   holding more of the worker's jobs than it has room for) is handed back as available without
   consuming its attempt, with a `flow.defer` event (reason `concurrency`), and the chain ends
@@ -26,7 +27,8 @@ from shigoto import registry, telemetry
 from shigoto.db import runtime_statements as statements
 from shigoto.job import Job
 from shigoto.runtime.chain import Next
-from shigoto.runtime.executor import Completion
+from shigoto.runtime.outcome import Completion
+from shigoto.runtime.plugins import ClaimAsk, Connection, Fragment
 from shigoto.worker import registered
 
 log = logging.getLogger("shigoto.runner")
@@ -40,6 +42,8 @@ def worker_caps() -> dict[str, int]:
 
 class Bulkheads:
     """The per-runner caps of workers: the claim's exclusions and the admission middleware."""
+
+    name = "bulkheads"
 
     def __init__(
         self,
@@ -55,6 +59,11 @@ class Bulkheads:
         self.held = held
         #: Jobs admitted past this middleware and not finished, by worker.
         self.admitted: Counter[str] = Counter()
+
+    async def fragment(self, ask: ClaimAsk, conn: Connection) -> Fragment | None:
+        """The claim plugin: leave out the workers at their cap here (no query)."""
+        full = self.excluded(ask.queue)
+        return Fragment(leave_out=full) if full else None
 
     def excluded(self, queue: str) -> list[str]:
         """Workers at their cap here: the next claim (of any queue) leaves their jobs. Counted

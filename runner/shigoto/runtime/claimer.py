@@ -1,36 +1,41 @@
 """The claim: which of a queue's available jobs one runner takes next, and how many.
 
-Every variant is one `FOR UPDATE SKIP LOCKED` statement (so runners never wait on each
-other's rows), shaped by what the runner knows at the moment of the claim:
+One statement serves every queue (`runtime_statements.claim`): a pick, by default priority
+then due time then id, `FOR UPDATE SKIP LOCKED` so runners never wait on each other's rows,
+and the UPDATE that marks the picked rows executing for this runner. Features shape it through
+the plugin boundary (`shigoto.runtime.plugins`), never by editing it:
 
-- workers left out: those at their global limit (`GlobalLimits.saturated`) and those that
-  flow control holds back (`FlowControl.excluded`), so other jobs of the queue run instead of
-  being claimed and handed straight back;
-- a queue's global limit: counted and claimed under the queue's transaction lock
-  (`shigoto.runtime.global_limits`), never more than the room left;
-- a fan-out queue: this runner's own delivery of each job (`shigoto.runtime.fanout`);
-- a fair queue (`Producer.fair`): round-robin across partition keys, optionally at most
-  `Producer.partition_concurrency` jobs of one partition executing across all runners, counted
-  and claimed under the queue's transaction lock like a global limit;
-- load shedding's floor (`Producer.min_priority`), in every variant but fan-out.
+- each claim plugin may add a `Fragment`: a condition, workers to leave out, a scope to lock
+  with the room left under it. The runner's own plugins: the bulkheads (workers at their cap
+  here), global limits (workers at their limit everywhere; a queue's limit as a locked room),
+  flow control (workers behind an open breaker), load shedding (its priority floor);
+- a queue whose jobs are picked another way has a shape: fair queues (`runtime.fair_claim`),
+  fan-out queues (`runtime.fanout`).
+
+The claimer knows no feature by name. Its own work is the order of things: ask the shape, ask
+the plugins, take the scopes' locks (ascending) in one transaction with the count of the room
+and the claim, so a limit's count and the claim that fills it are one decision.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from psycopg.rows import RowMaker
 from psycopg_pool import AsyncConnectionPool
 
 from shigoto.db import runtime_statements as statements
+from shigoto.errors import ConfigurationError
 from shigoto.job import Job
-from shigoto.runtime import fanout
-from shigoto.runtime.flow_control import FlowControl
-from shigoto.runtime.global_limits import GlobalLimits, count_busy, lock_scope, scope_key
-from shigoto.runtime.liveness import GRACE, RESTART_GRACE
+from shigoto.runtime.plugins import (
+    ClaimAsk,
+    ClaimPlugin,
+    ClaimShape,
+    Connection,
+    Fragment,
+    PreparedClaim,
+)
 from shigoto.runtime.producer import Producer
 
 
@@ -38,56 +43,63 @@ def job_rows(_cursor: Any) -> RowMaker[Job]:
     return Job.from_values  # the claim returns JOB_COLUMNS in order
 
 
-@dataclass(frozen=True, slots=True)
-class FairRow:
-    """One row of the fair claim: the job, the share each partition was offered, and the
-    job's place in the round robin (its partition's `turn`, then its key's place `n` in the
-    walk that started after the last partition served)."""
-
-    job: Job
-    share: int
-    turn: int
-    n: int
-
-
-def _fair_rows(_cursor: Any) -> RowMaker[FairRow]:
-    return lambda values: FairRow(Job.from_values(values[:-3]), *values[-3:])
-
-
-def _claim_order(job: Job) -> tuple[Any, ...]:
+def claim_order(job: Job) -> tuple[Any, ...]:
+    """The order claimed jobs start in: the pick's own (priority, due time, id)."""
     return (-job.priority, job.scheduled_at, job.id)
 
 
-#: Most fair claim statements one claim runs: a round asks again only when a partition gave
-#: its whole share and the claim is still short (see `more_to_offer`).
-FAIR_ROUNDS = 3
-#: Most partition keys one fair claim walks (at least the claim's size): a claim's cost grows
-#: with the keys it walks, so a queue with thousands of keys is served a window at a time.
-FAIR_WINDOW = 128
+class ConflictingFragments(ConfigurationError):
+    """Two claim plugins used one parameter name: each must prefix its own."""
 
 
-def more_to_offer(rows: list[FairRow], wanted: int) -> bool:
-    """Whether another fair round may claim more: short of `wanted`, and some partition gave
-    all it was offered (others had fewer jobs than their share, so the share may grow)."""
-    if not rows or len(rows) >= wanted:
-        return False
-    given = Counter(row.job.partition_key for row in rows)
-    return max(given.values()) >= rows[0].share
+def merge(ask: ClaimAsk, fragments: Sequence[tuple[str, Fragment]]) -> PreparedClaim:
+    """The claim the fragments make of `ask` (no I/O): their conditions in plugin order, one
+    condition for every worker left out, and their parameters, which must not collide. The
+    limit is the ask's; rooms are counted later, under their locks."""
+    params: dict[str, Any] = {"queue": ask.queue, "node": ask.node, "limit": ask.limit}
+    owner: dict[str, str] = {}
+    where: list[str] = []
+    leave_out: set[str] = set()
+    for name, fragment in fragments:
+        for key, value in fragment.params.items():
+            if key in params:
+                raise ConflictingFragments(
+                    f"claim plugin {name!r} sets parameter {key!r}, already set by "
+                    f"{owner.get(key, 'the claim itself')!r}: prefix it with the plugin's name")
+            params[key] = value
+            owner[key] = name
+        if fragment.where:
+            where.append(fragment.where)
+        leave_out.update(fragment.leave_out)
+    if leave_out:
+        where.append("j.worker <> ALL(%(claim_leave_out)s::text[])")
+        params["claim_leave_out"] = sorted(leave_out)
+    return PreparedClaim(ask=ask, where=tuple(where), params=params, limit=ask.limit)
 
 
-def last_served(rows: list[FairRow]) -> str | None:
-    """The partition a fair claim served last in round-robin order (the greatest turn, then
-    the latest in the walk): the next claim's walk starts after it, so the partitions this
-    claim passed over come first. None when the claim took nothing."""
-    if not rows:
+class PlainClaim:
+    """The claim of a queue no shape takes: priority, then due time, then id."""
+
+    name = "plain"
+    filtered = True
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+
+    def applies(self, ask: ClaimAsk) -> bool:
+        return True
+
+    async def fragment(self, ask: ClaimAsk, conn: Connection) -> Fragment | None:
         return None
-    last = max(rows, key=lambda row: (row.turn, row.n))
-    return last.job.partition_key or ""
+
+    async def claim(self, conn: Connection, claim: PreparedClaim) -> list[Job]:
+        cur = conn.cursor(row_factory=job_rows)
+        await cur.execute(statements.claim(self.schema, filters=claim.where), claim.params)
+        return await cur.fetchall()
 
 
 class Claimer:
-    """Claims for one runner. `fanout_ids` holds the jobs claimed as fan-out deliveries, whose
-    outcome goes to their delivery row rather than to the completer."""
+    """Claims for one runner, through its shapes and plugins (both in the order given)."""
 
     def __init__(
         self,
@@ -95,24 +107,15 @@ class Claimer:
         stmts: statements.Statements,
         node: str,
         *,
-        limits: GlobalLimits,
-        flow: FlowControl,
-        local_excluded: Callable[[str], list[str]] = lambda _queue: [],
+        plugins: Sequence[ClaimPlugin] = (),
+        shapes: Sequence[ClaimShape] = (),
     ) -> None:
-        """`local_excluded(queue)`: workers this runner alone holds back (a worker at its own
-        `concurrency` here), known without asking the database."""
         self._pool = pool
         self.stmts = stmts
         self.schema = stmts.schema
         self.node = node
-        self.limits = limits
-        self.flow = flow
-        self.local_excluded = local_excluded
-        self.fanout_ids: set[int] = set()
-        self.fair_window = FAIR_WINDOW
-        #: Per fair queue, the partition this runner's last fair claim served last: the next
-        #: claim's round robin starts after it ('' before the first claim).
-        self._fair_after: dict[str, str] = {}
+        self.plugins = tuple(plugins)
+        self.shapes = (*shapes, PlainClaim(self.schema))
 
     @property
     def pool(self) -> AsyncConnectionPool:
@@ -120,103 +123,55 @@ class Claimer:
         assert pool is not None, "the runner is not running"
         return pool
 
+    def shape_of(self, ask: ClaimAsk) -> ClaimShape:
+        return next(shape for shape in self.shapes if shape.applies(ask))
+
     async def claim(self, producer: Producer | None, queue: str, limit: int) -> list[Job]:
         """Up to `limit` jobs of `queue`, in the order they should start."""
-        if producer is not None and producer.fanout:
-            return await self._claim_deliveries(queue, limit)
-        min_priority = producer.min_priority if producer is not None else None
-        params: dict[str, Any] = {
-            "queue": queue, "limit": limit, "node": self.node, "min_priority": min_priority
-        }  # fmt: skip
-        global_limit = producer.global_limit if producer is not None else None
-        statement = self.stmts.claim
+        ask = ClaimAsk(queue=queue, limit=limit, node=self.node, producer=producer)
+        shape = self.shape_of(ask)
         async with self.pool.connection() as conn:
-            excluded = self.local_excluded(queue)
-            excluded += await self.limits.saturated(conn)
-            excluded += await self.flow.excluded(conn, queue)
-            if excluded:
-                statement = self.stmts.claim_excluding
-                params["exclude"] = excluded
-            if producer is not None and producer.fair:
-                jobs = await self._claim_fair(conn, params, global_limit,
-                                              producer.partition_concurrency)  # fmt: skip
-            elif global_limit is None:
-                jobs = await self._claim_rows(conn, statement, params)
+            fragments = await self._fragments(ask, shape, conn)
+            prepared = merge(ask, fragments)
+            scoped = [f for _, f in fragments if f.lock is not None or f.room is not None]
+            if scoped:
+                jobs = await self._claim_scoped(conn, shape, prepared, scoped)
             else:
-                limited = (self.stmts.claim_excluding_limited if excluded
-                           else self.stmts.claim_limited)  # fmt: skip
-                jobs = await self._claim_limited(conn, limited, params, global_limit)
-        jobs.sort(key=_claim_order)
+                jobs = await shape.claim(conn, prepared)
+        jobs.sort(key=claim_order)
         return jobs
 
-    async def _claim_deliveries(self, queue: str, limit: int) -> list[Job]:
-        """A fan-out queue's claim: this runner's own delivery of each new job."""
-        async with self.pool.connection() as conn:
-            cur = conn.cursor(row_factory=job_rows)
-            jobs = await fanout.claim(cur, self.schema, queue, self.node, limit)
-        self.fanout_ids.update(j.id for j in jobs)
-        jobs.sort(key=_claim_order)
-        return jobs
+    async def _fragments(
+        self, ask: ClaimAsk, shape: ClaimShape, conn: Connection
+    ) -> list[tuple[str, Fragment]]:
+        own = await shape.fragment(ask, conn)
+        found = [(shape.name, own)] if own is not None else []
+        if shape.filtered:
+            for plugin in self.plugins:
+                fragment = await plugin.fragment(ask, conn)
+                if fragment is not None:
+                    found.append((plugin.name, fragment))
+        return found
 
-    async def _claim_fair(
-        self, conn: Any, params: dict[str, Any], global_limit: int | None, cap: int | None
+    async def _claim_scoped(
+        self,
+        conn: Connection, shape: ClaimShape, prepared: PreparedClaim, scoped: list[Fragment]
     ) -> list[Job]:
-        """A fair queue's claim. With a global limit or a partition cap, the counts and the
-        claim happen under the queue's transaction lock, as in `_claim_limited`."""
-        params = {**params, "cap": cap, "grace": GRACE, "restart_grace": RESTART_GRACE,
-                  "window": max(self.fair_window, params["limit"])}  # fmt: skip
-        if global_limit is None and cap is None:
-            return await self._fair_rounds(conn, params)
-        queue = params["queue"]
+        """Claim in one transaction holding every scope's lock, no more than the least room
+        counted under them (nothing when a room is gone)."""
+        locks = sorted({f.lock for f in scoped if f.lock is not None})
         async with conn.transaction():
-            await lock_scope(conn, self.schema, scope_key(self.schema, "queue", queue))
-            if global_limit is not None:
-                busy = (await count_busy(conn, self.schema, "queue", [queue])).get(queue, 0)
-                params["limit"] = min(params["limit"], global_limit - busy)
-                if params["limit"] <= 0:
-                    return []
-            return await self._fair_rounds(conn, params)
-
-    async def _fair_rounds(self, conn: Any, params: dict[str, Any]) -> list[Job]:
-        """Claim in rounds until the claim is full, nothing more is offered, or `FAIR_ROUNDS`:
-        each round ranks what is left, so the second round is as fair as the first. Every
-        round walks from the same partition; the next claim, from the one served last."""
-        queue, wanted = params["queue"], params["limit"]
-        excluding = bool(params.get("exclude"))
-        statement = self.stmts.claim_fair_excluding if excluding else self.stmts.claim_fair
-        params = {**params, "after": self._fair_after.get(queue, "")}
-        cur = conn.cursor(row_factory=_fair_rows)
-        claimed: list[FairRow] = []
-        for _ in range(FAIR_ROUNDS):
-            await cur.execute(statement, {**params, "limit": wanted - len(claimed)})
-            rows = await cur.fetchall()
-            claimed += rows
-            if not more_to_offer(rows, wanted - len(claimed) + len(rows)):
-                break
-        served = last_served(claimed)
-        if served is not None:
-            self._fair_after[queue] = served
-        return [row.job for row in claimed]
-
-    @staticmethod
-    async def _claim_rows(conn: Any, statement: str, params: dict[str, Any]) -> list[Job]:
-        cur = conn.cursor(row_factory=job_rows)
-        await cur.execute(statement, params)
-        return await cur.fetchall()
-
-    async def _claim_limited(
-        self, conn: Any, statement: str, params: dict[str, Any], global_limit: int
-    ) -> list[Job]:
-        """Claim no more than the room the queue's global limit has left, counted and claimed
-        under the queue's transaction lock (see `shigoto.runtime.global_limits`)."""
-        queue = params["queue"]
-        async with conn.transaction():
-            await lock_scope(conn, self.schema, scope_key(self.schema, "queue", queue))
-            busy = (await count_busy(conn, self.schema, "queue", [queue])).get(queue, 0)
-            room = global_limit - busy
-            if room <= 0:
+            for scope in locks:
+                await conn.execute(self.stmts.lock_scope, {"scope": scope})
+            limit = prepared.limit
+            for fragment in scoped:
+                if fragment.room is not None:
+                    limit = min(limit, await fragment.room(conn))
+            if limit <= 0:
                 return []
-            return await self._claim_rows(conn, statement, {**params, "room": room})
+            params = {**prepared.params, "limit": limit}
+            return await shape.claim(conn, PreparedClaim(prepared.ask, prepared.where,
+                                                         params, limit))  # fmt: skip
 
 
-__all__ = ["Claimer", "job_rows"]
+__all__ = ["Claimer", "ConflictingFragments", "PlainClaim", "claim_order", "job_rows", "merge"]

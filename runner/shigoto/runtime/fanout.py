@@ -11,6 +11,9 @@ with one error per failed runner, and its result maps each runner to its outcome
 A delivery runs once: a failure is recorded, not retried (the point of a broadcast is that it
 reaches everyone now; a runner that missed it can be told again by a new job). A Snooze is
 recorded as a failure for the same reason. Global limits do not apply to fan-out queues.
+
+Its claim is a claim shape (`FanoutClaim`, see `shigoto.runtime.plugins`) that takes no
+fragments: a broadcast is not held back by limits, breakers or load shedding.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from shigoto import telemetry
 from shigoto._service import Service
 from shigoto.clock import SYSTEM, Clock
 from shigoto.db import fanout_statements
-from shigoto.job import JobState
-from shigoto.runtime.executor import Completion
+from shigoto.job import Job, JobState
+from shigoto.runtime.outcome import Completion
+from shigoto.runtime.plugins import ClaimAsk, Connection, Fragment, PreparedClaim
 
 #: Jobs the sweep looks at per tick.
 SWEEP_LIMIT = 1_000
@@ -77,13 +81,39 @@ async def release_delivery(pool: AsyncConnectionPool, schema: str, node: str, jo
         )
 
 
-async def claim(cur: Any, schema: str, queue: str, node: str, limit: int) -> Any:
+async def _claim_on(cur: Any, schema: str, queue: str, node: str, limit: int) -> Any:
     """This runner's fan-out claim, on `cur` (a cursor with the job row factory)."""
     await cur.execute(
         fanout_statements.compose(fanout_statements.CLAIM, schema),
         {"queue": queue, "node": node, "limit": limit},
     )
     return await cur.fetchall()
+
+
+class FanoutClaim:
+    """The fan-out queues' claim shape: this runner's own delivery of each new job. `ids`
+    holds the jobs claimed as deliveries, whose outcome goes to their delivery row rather
+    than to the completer."""
+
+    name = "fanout"
+    filtered = False
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        self.ids: set[int] = set()
+
+    def applies(self, ask: ClaimAsk) -> bool:
+        return ask.producer is not None and ask.producer.fanout
+
+    async def fragment(self, ask: ClaimAsk, conn: Connection) -> Fragment | None:
+        return None
+
+    async def claim(self, conn: Connection, claim: PreparedClaim) -> list[Job]:
+        cur = conn.cursor(row_factory=lambda _cursor: Job.from_values)
+        jobs: list[Job] = await _claim_on(cur, self.schema, claim.ask.queue, claim.ask.node,
+                                          claim.limit)  # fmt: skip
+        self.ids.update(job.id for job in jobs)
+        return jobs
 
 
 class FanoutSweeper(Service):

@@ -47,7 +47,8 @@ from shigoto.flow import CircuitBreaker, RateLimit
 from shigoto.flow import circuit_breaker as machine
 from shigoto.flow.rate_limit import common_turn, take_turn
 from shigoto.job import Job, JobState
-from shigoto.runtime.executor import Completion
+from shigoto.runtime.outcome import Completion
+from shigoto.runtime.plugins import ClaimAsk, Connection, Fragment
 
 log = logging.getLogger("shigoto.flow")
 
@@ -111,6 +112,10 @@ class _Guard:
 
 
 class FlowControl:
+    """Rate limits and circuit breakers of one runner (see the module's docstring)."""
+
+    name = "flow_control"
+
     def __init__(
         self,
         pool: Callable[[], AsyncConnectionPool | None],
@@ -409,6 +414,11 @@ class FlowControl:
         self._sink = handle[0]
 
     # --- the claim -----------------------------------------------------------------------
+
+    async def fragment(self, ask: ClaimAsk, conn: Connection) -> Fragment | None:
+        """The claim plugin: leave out the workers whose breaker blocks."""
+        blocked = await self.excluded(conn, ask.queue)
+        return Fragment(leave_out=blocked) if blocked else None
 
     async def excluded(self, conn: Any, queue: str) -> list[str]:
         """Workers whose jobs the next claim of `queue` leaves where they are: those whose

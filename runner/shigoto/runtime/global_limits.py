@@ -28,6 +28,7 @@ from shigoto.job import Job
 from shigoto.runtime.chain import Next
 from shigoto.runtime.liveness import GRACE, RESTART_GRACE, Fence
 from shigoto.runtime.outcome import Completion
+from shigoto.runtime.plugins import ClaimAsk, Connection, Fragment
 from shigoto.worker import registered
 
 log = logging.getLogger("shigoto.runner")
@@ -70,6 +71,8 @@ class GlobalLimits:
     back, and the chain ends with `None`) and every limited worker counts as saturated, so
     claims leave their jobs in the queue.
     """
+
+    name = "global_limits"
 
     def __init__(
         self,
@@ -139,6 +142,21 @@ class GlobalLimits:
                 return True
             await conn.execute(self.stmts.put_back, {"ids": [job.id], "node": self.node})
         return False
+
+    async def fragment(self, ask: ClaimAsk, conn: Connection) -> Fragment | None:
+        """The claim plugin: leave out workers at their limit; for a queue with a global
+        limit, claim under the queue's lock no more than the room its count leaves."""
+        leave_out = await self.saturated(conn)
+        limit = ask.producer.global_limit if ask.producer is not None else None
+        if limit is None:
+            return Fragment(leave_out=leave_out) if leave_out else None
+        queue, schema = ask.queue, self.schema
+
+        async def room(locked: Connection) -> int:
+            busy = await count_busy(locked, schema, "queue", [queue])
+            return limit - busy.get(queue, 0)
+
+        return Fragment(leave_out=leave_out, lock=scope_key(schema, "queue", queue), room=room)
 
     async def saturated(self, conn: psycopg.AsyncConnection[Any]) -> list[str]:
         """Limited workers whose every slot is taken somewhere (all of them while fenced);

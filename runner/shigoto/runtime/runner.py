@@ -57,6 +57,8 @@ from shigoto.runtime.executor import (
     Undecodable,
     uncancel,
 )
+from shigoto.runtime.fair_claim import FairClaim
+from shigoto.runtime.fanout import FanoutClaim
 from shigoto.runtime.flow_control import FlowControl
 from shigoto.runtime.global_limits import GlobalLimits
 from shigoto.runtime.heap import freeze_startup_heap
@@ -65,6 +67,7 @@ from shigoto.runtime.loop_watch import LoopWatch
 from shigoto.runtime.node import Heartbeat, new_node_id
 from shigoto.runtime.notifier import Notifier
 from shigoto.runtime.parent_results import ParentResults
+from shigoto.runtime.plugins import ClaimPlugin, ClaimShape
 from shigoto.runtime.producer import HOLD_LIMIT, Producer
 from shigoto.runtime.progress import ProgressWriter
 from shigoto.runtime.pruner import Pruner
@@ -145,6 +148,11 @@ class Runner:
     Each claimed job goes through the execution middleware chain (`shigoto.runtime.chain`:
     worker resolution, global limits, the stuck-thread count, the progress writer) to the
     executor, and its outcome to the completer.
+
+    `plugins` adds your own to the runner's (`shigoto.runtime.plugins`): claim plugins that
+    shape every claim with a fragment, and claim shapes for queues they pick another way.
+    Yours come after the runner's own, which are the bulkheads, global limits, flow control
+    and load shedding (plugins), and fan-out and fair queues (shapes).
     """
 
     def __init__(
@@ -169,6 +177,7 @@ class Runner:
         shed_target: float | None = None,
         shed_interval: float = SHED_INTERVAL,
         freeze_heap: bool = False,
+        plugins: Iterable[ClaimPlugin | ClaimShape] = (),
         **overrides: Any,
     ) -> None:
         self.url = config.database_url(database_url)
@@ -215,14 +224,14 @@ class Runner:
             queue_rate_limit=self._queue_rate_limit,
         )  # fmt: skip
         self.bulkheads = Bulkheads(lambda: self._pool, self.stmts, self.node, self._held_jobs)
-        self.claimer = Claimer(lambda: self._pool, self.stmts, self.node, limits=self.limits,
-                               flow=self.flow, local_excluded=self.bulkheads.excluded)  # fmt: skip
         capacity = check_capacity(capacity)
         self.capacity = Capacity(capacity, lambda: self.producers) if capacity else None
         shed_target = check_shed_setting("shed_target", shed_target)
         shed_interval = check_shed_setting("shed_interval", shed_interval) or SHED_INTERVAL
         self.shedding = (Shedding(shed_target, lambda: self.producers, self.node,
                                   interval=shed_interval) if shed_target else None)  # fmt: skip
+        self.fanout_claim = FanoutClaim(self.schema)
+        self.claimer = self._claimer(list(plugins))
         #: The shared settings last read, by queue (runtime producers start from them).
         self._queue_settings: dict[str, QueueSetting] = {}
         self.ready = asyncio.Event()
@@ -590,6 +599,22 @@ class Runner:
         self._producer_tasks[queue] = producer.start()
         producer.wake()
 
+    def _claimer(self, extra: list[ClaimPlugin | ClaimShape]) -> Claimer:
+        """The claim and its plugins: the runner's own first, then `extra` (shapes before
+        plugins, each in the order given)."""
+        own: list[ClaimPlugin] = [self.bulkheads, self.limits, self.flow]
+        if self.shedding is not None:
+            own.append(self.shedding)
+        shapes = [s for s in extra if isinstance(s, ClaimShape)]
+        plugins = [p for p in extra if not isinstance(p, ClaimShape)]
+        for plugin in plugins:
+            if not isinstance(plugin, ClaimPlugin):
+                raise ConfigurationError(
+                    f"Runner(plugins=...): {plugin!r} is neither a claim plugin (a `name` and "
+                    "`async fragment(ask, conn)`) nor a claim shape; see shigoto.runtime.plugins")
+        return Claimer(lambda: self._pool, self.stmts, self.node, plugins=[*own, *plugins],
+                       shapes=[*shapes, self.fanout_claim, FairClaim(self.schema)])  # fmt: skip
+
     # -- the job path ---------------------------------------------------------------------
 
     async def _claim(self, queue: str, limit: int) -> list[Job]:
@@ -605,7 +630,7 @@ class Runner:
         """Every job whose row this runner is responsible for now: claimed and not finished,
         its outcome waiting for a thread or being written, or a fan-out delivery."""
         held = {job_id for p in self.producers.values() for job_id in p.running}
-        held |= self._deferred | set(self.claimer.fanout_ids) | self.liveness.fence.holding()
+        held |= self._deferred | set(self.fanout_claim.ids) | self.liveness.fence.holding()
         if self._completer is not None:
             held |= self._completer.holds()
         return held
@@ -637,8 +662,8 @@ class Runner:
                 self._cancels.forget(job.id)
             if self.shedding is not None:
                 self.shedding.forget(job.id)
-        if completion is None and job.id in self.claimer.fanout_ids:
-            self.claimer.fanout_ids.discard(job.id)
+        if completion is None and job.id in self.fanout_claim.ids:
+            self.fanout_claim.ids.discard(job.id)
             assert self._pool is not None
             try:
                 await fanout.release_delivery(self._pool, self.schema, self.node, job.id)
@@ -650,7 +675,7 @@ class Runner:
         The completion carries the last reported progress itself."""
         assert self._executor is not None and self._completer is not None
         completion = await self._executor.execute(job)
-        if job.id in self.claimer.fanout_ids:
+        if job.id in self.fanout_claim.ids:
             await self._finish_delivery(completion)
         else:
             self._record(completion)
@@ -698,7 +723,7 @@ class Runner:
                         completion.job.id, exc)  # fmt: skip
             return
         finally:
-            self.claimer.fanout_ids.discard(completion.job.id)
+            self.fanout_claim.ids.discard(completion.job.id)
         if completion.after is not None:  # on_discard, once the delivery is recorded
             await completion.after()
 
@@ -822,7 +847,7 @@ class Runner:
         stopped = []
         for producer in self.producers.values():
             for job, task in list(producer.running.values()):
-                if (job.id in self.claimer.fanout_ids or self._executor.decided(job.id)
+                if (job.id in self.fanout_claim.ids or self._executor.decided(job.id)
                         or not self.limits.limited(job)):  # fmt: skip
                     continue
                 self.liveness.fence.hold(job, task)

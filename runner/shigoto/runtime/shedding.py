@@ -42,7 +42,8 @@ from shigoto._service import Service
 from shigoto.flow.codel import DEFAULT_INTERVAL, CoDel, check_setting, level_floor
 from shigoto.job import Job
 from shigoto.runtime.chain import Next
-from shigoto.runtime.executor import Completion
+from shigoto.runtime.outcome import Completion
+from shigoto.runtime.plugins import ClaimAsk, Connection, Fragment
 from shigoto.runtime.producer import Producer
 
 log = logging.getLogger("shigoto.runner")
@@ -77,6 +78,16 @@ class Shedding(Service):
         #: The last moment the runner was seen with work (a start, a claimed job waiting, every
         #: slot taken); None before the first tick. Idleness is measured from it.
         self._busy_at: float | None = None
+
+    # -- the claim ------------------------------------------------------------------------
+
+    async def fragment(self, ask: ClaimAsk, conn: Connection) -> Fragment | None:
+        """The claim plugin: the queue's floor, while shedding (a range on the claim index)."""
+        floor = ask.producer.min_priority if ask.producer is not None else None
+        if floor is None:
+            return None
+        return Fragment(where="j.priority >= %(shed_min_priority)s::int",
+                        params={"shed_min_priority": floor})  # fmt: skip
 
     # -- the job path ---------------------------------------------------------------------
 

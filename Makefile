@@ -27,7 +27,7 @@ demo: $(STAMP)
 	$(BIN)/shigoto demo
 
 test: $(STAMP) system-tools
-	$(BIN)/ruff check runner operator tests
+	$(BIN)/ruff check runner operator tests tools
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q -n 2
 

@@ -482,7 +482,7 @@ def test_encrypted_args_stay_hidden_from_everyone(
     page: Page, dashboards: Dashboards, conn: psycopg.Connection[Any]
 ) -> None:
     """Even with --show-args always and a signed-in viewer, sealed args are never opened."""
-    from shigoto.db import inserts
+    from shigoto.db import insert_encryption
     from shigoto.encryption import Key, KeyRing, sealing
     from tests.support import encryption_workers
     from tests.support.encryption_workers import SECRET
@@ -492,7 +492,7 @@ def test_encrypted_args_stay_hidden_from_everyone(
         job = shigoto.enqueue(encryption_workers.charge, {"card": SECRET})
     finally:
         sealing.reload_keys()
-        inserts._ENCRYPTED_QUEUES.clear()  # as the encryption tests do: no state left behind
+        insert_encryption._ENCRYPTED_QUEUES.clear()  # as the encryption tests do: no state left
     assert SECRET not in json.dumps(row(conn, job.id)["args"]), "sealed in the database"
     dashboard = dashboards(token=TOKEN, show_args="always")
     pages.open_page(page, dashboard, f"jobs/{job.id}")

@@ -16,7 +16,7 @@ import pytest
 import shigoto
 from shigoto import telemetry
 from shigoto.cli.commands import redact
-from shigoto.cron.scheduler import load_file
+from shigoto.cron.definitions import load_file
 from tests.integration.test_cli import ok, refused, shigoto_cli, state_of
 from tests.support.http_probe import http_get
 from tests.support.runner_process import RunnerProcess

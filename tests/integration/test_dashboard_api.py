@@ -248,7 +248,7 @@ def test_args_are_shown_per_show_args(
 async def test_encrypted_jobs_never_show_plaintext(
     db_url: str, conn: psycopg.Connection[Any]
 ) -> None:
-    from shigoto.db import inserts
+    from shigoto.db import insert_encryption
     from shigoto.encryption import Key, KeyRing
     from shigoto.encryption.sealing import reload_keys, use_keys
     from tests.support import encryption_workers as w
@@ -256,7 +256,7 @@ async def test_encrypted_jobs_never_show_plaintext(
     from tests.support.waiting import until
 
     use_keys(KeyRing([Key.from_secret(b"k" * 32)]))
-    inserts._ENCRYPTED_QUEUES.clear()
+    insert_encryption._ENCRYPTED_QUEUES.clear()
     try:
         failed = shigoto.enqueue(w.leaky, {"card": w.SECRET})
         sealed = shigoto.enqueue(w.echo, {"card": w.SECRET})
@@ -267,7 +267,7 @@ async def test_encrypted_jobs_never_show_plaintext(
                 message="both jobs finished")  # fmt: skip
     finally:
         reload_keys()
-        inserts._ENCRYPTED_QUEUES.clear()
+        insert_encryption._ENCRYPTED_QUEUES.clear()
     d = Dashboard([Source("default", db_url)], token=TOKEN, show_args="always")
     try:
         bodies = [get(d, target, SIGNED_IN) for target in (

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 import shigoto
-from shigoto.db import inserts
+from shigoto.db import insert_encryption
 from shigoto.encryption import ENV_VAR, Key, envelope_kid, sealing
 from tests.support import encryption_workers as w
 from tests.support.encryption_workers import SECRET
@@ -37,10 +37,10 @@ def keys(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """This process seals with key A, read from the variable as in production."""
     monkeypatch.setenv(ENV_VAR, A)
     sealing.reload_keys()
-    inserts._ENCRYPTED_QUEUES.clear()
+    insert_encryption._ENCRYPTED_QUEUES.clear()
     yield
     sealing.reload_keys()
-    inserts._ENCRYPTED_QUEUES.clear()
+    insert_encryption._ENCRYPTED_QUEUES.clear()
 
 
 def cli(url: str, *args: str, keys: str = A) -> subprocess.CompletedProcess[str]:

@@ -15,7 +15,7 @@ import pytest
 from psycopg.rows import dict_row
 
 import shigoto
-from shigoto.db import inserts
+from shigoto.db import insert_encryption, inserts
 from shigoto.encryption import (
     ENV_VAR,
     DecryptionError,
@@ -46,10 +46,10 @@ def ring(monkeypatch: pytest.MonkeyPatch) -> Iterator[KeyRing]:
     ring = KeyRing([KEY_A])
     sealing.use_keys(ring)
     w.SEEN.clear()
-    inserts._ENCRYPTED_QUEUES.clear()
+    insert_encryption._ENCRYPTED_QUEUES.clear()
     yield ring
     sealing.reload_keys()
-    inserts._ENCRYPTED_QUEUES.clear()
+    insert_encryption._ENCRYPTED_QUEUES.clear()
 
 
 def row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
@@ -265,11 +265,11 @@ def test_an_encrypted_queue_seals_any_worker_and_refuses_plaintext(
     assert is_envelope(row(conn, job.id)["args"])
     # Another process that has not heard of the setting: the database refuses its plaintext;
     # on an autocommit connection the insert is retried once, sealed.
-    inserts._ENCRYPTED_QUEUES.clear()
+    insert_encryption._ENCRYPTED_QUEUES.clear()
     retried = shigoto.enqueue(w.plain, {"card": SECRET}, queue="vault")
     assert is_envelope(row(conn, retried.id)["args"])
     # Inside the caller's transaction the refusal reaches the caller, nothing is written.
-    inserts._ENCRYPTED_QUEUES.clear()
+    insert_encryption._ENCRYPTED_QUEUES.clear()
     with psycopg.connect(db_url) as c:
         with pytest.raises(shigoto.ConfigurationError) as excinfo:
             shigoto.enqueue(w.plain, {"card": SECRET}, queue="vault", conn=c)

@@ -105,11 +105,11 @@ def test_without_psycopgs_compiled_dumper_the_rows_are_the_same(
 ) -> None:
     """psycopg on its pure-Python implementation has no compiled str dumper to borrow: the
     Python one sends the same jsonb."""
-    from shigoto.db import inserts
+    from shigoto.db import copy_dumpers
 
     args = {"n": 1, "s": "héllo", "l": [1, {"k": None}]}
     compiled = shigoto.enqueue_many([{"worker": "app.ids", "args": args, "meta": {"m": "x"}}] * 2)
-    monkeypatch.setattr(inserts, "_JsonTextDumper", inserts._PyJsonbTextDumper)
+    monkeypatch.setattr(copy_dumpers, "_JsonTextDumper", copy_dumpers._PyJsonbTextDumper)
     python = shigoto.enqueue_many([{"worker": "app.ids", "args": args, "meta": {"m": "x"}}] * 2)
     for a, b in zip(compiled, python, strict=True):
         assert (row(conn, a.id)["args"], row(conn, a.id)["meta"]) == (args, {"m": "x"})

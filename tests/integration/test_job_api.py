@@ -13,8 +13,9 @@ import pytest
 from psycopg import sql
 
 import shigoto
+from shigoto.client import job_filters, job_steps
 from shigoto.client import jobs as job_api
-from shigoto.db import inserts
+from shigoto.db import insert_encryption
 from shigoto.db.migrate import load_migrations
 from shigoto.encryption import ENV_VAR, DecryptionError, Key, KeyRing, is_envelope, sealing
 from shigoto.ops import operations as ops
@@ -246,7 +247,7 @@ def test_delete_refuses_live_states_and_an_empty_filter(conn: psycopg.Connection
 def test_delete_removes_finished_jobs_in_both_tables_in_batches(
     conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(job_api, "DELETE_BATCH", 2)  # several batches per table
+    monkeypatch.setattr(job_steps, "DELETE_BATCH", 2)  # several batches per table
     made = shigoto.enqueue_many([{"worker": "app.w", "queue": "q"} for _ in range(12)])
     ids = [j.id for j in made]
     other = shigoto.enqueue("app.w", queue="other")
@@ -323,10 +324,10 @@ def key_ring(monkeypatch: pytest.MonkeyPatch) -> Iterator[KeyRing]:
     monkeypatch.delenv(ENV_VAR, raising=False)
     ring = KeyRing([Key.from_secret(b"k" * 32)])
     sealing.use_keys(ring)
-    inserts._ENCRYPTED_QUEUES.clear()
+    insert_encryption._ENCRYPTED_QUEUES.clear()
     yield ring
     sealing.reload_keys()
-    inserts._ENCRYPTED_QUEUES.clear()
+    insert_encryption._ENCRYPTED_QUEUES.clear()
 
 
 async def test_wait_for_opens_the_sealed_result_of_an_encrypted_job(
@@ -416,7 +417,7 @@ def test_the_tags_index_holds_tagged_jobs_only_and_both_tag_filters_can_use_it(
     assert "shigoto_jobs_tags_idx" not in definitions
 
     conn.execute("SET enable_seqscan = off")
-    for where, params in (job_api.JobFilter(tag="vip").where(), ops.Filter(tag="vip").where()):
+    for where, params in (job_filters.JobFilter(tag="vip").where(), ops.Filter(tag="vip").where()):
         query = sql.SQL("SELECT id FROM shigoto_jobs WHERE ") + where
         plan = conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + query, params).fetchone()
         assert "shigoto_jobs_tagged_idx" in indexes_used(plan[0][0]["Plan"])  # type: ignore[index]

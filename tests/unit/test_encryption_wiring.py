@@ -12,7 +12,7 @@ import pytest
 
 import shigoto
 from shigoto import jobspec
-from shigoto.db import inserts
+from shigoto.db import insert_encryption, insert_plan, inserts
 from shigoto.encryption import ENV_VAR, DecryptionError, JobBinding, Key, KeyRing, sealing, unseal
 from shigoto.job import Job, JobState
 from shigoto.relations import unique
@@ -32,10 +32,10 @@ def plain_worker(card: str) -> None: ...
 @pytest.fixture(autouse=True)
 def ring() -> Iterator[None]:
     sealing.use_keys(KeyRing([KEY]))
-    inserts._ENCRYPTED_QUEUES.clear()
+    insert_encryption._ENCRYPTED_QUEUES.clear()
     yield
     sealing.reload_keys()
-    inserts._ENCRYPTED_QUEUES.clear()
+    insert_encryption._ENCRYPTED_QUEUES.clear()
 
 
 def context(schema: str = "public") -> inserts.InsertContext:
@@ -55,7 +55,7 @@ def test_plans_a_single_sealed_row_and_seals_for_the_reserved_id() -> None:
     assert inserts.plan([spec, spec]) == "copy"
     keyed = jobspec.build(sealed_worker, {"card": "x"}, unique=True)
     assert inserts.plan([keyed]) == "unique"
-    params = inserts._sealed_params(spec, 77, "tenant")
+    params = insert_plan.sealed_params(spec, 77, "tenant")
     binding = JobBinding("tenant", spec.queue, spec.worker, 77)
     assert unseal(json.loads(params["args"]), binding, "args", KeyRing([KEY])) == {"card": "x"}
     assert spec.args_json == '{"card":"x"}'  # the spec (and the caller's Job) keep plaintext
@@ -146,7 +146,7 @@ def test_a_decryption_error_entry_is_kept_whole() -> None:
 
 def test_sealed_args_without_a_ring_fail_naming_the_kid() -> None:
     spec = jobspec.build(sealed_worker, {"card": "x"})
-    envelope = json.loads(inserts._sealed_params(spec, 5, "public")["args"])
+    envelope = json.loads(insert_plan.sealed_params(spec, 5, "public")["args"])
     with pytest.raises(DecryptionError) as excinfo:
         executor(None)._opened(job(args=envelope))
     assert KEY.kid in str(excinfo.value) and ENV_VAR in str(excinfo.value)

@@ -431,7 +431,7 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _runner(args: argparse.Namespace) -> Any:
-    from shigoto.cron.scheduler import load_file
+    from shigoto.cron.definitions import load_file
     from shigoto.runtime.runner import Runner
 
     queues = (config.parse_queues(",".join(args.queues)) if args.queues

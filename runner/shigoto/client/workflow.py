@@ -132,7 +132,7 @@ class Workflow:
             return self._insert(levels, lambda specs: enqueuing.through(specs, record))
         name, url = enqueuing._target(schema, database_url, conn)
         if conn is not None:
-            if inserts._caller_commits(conn):
+            if inserts.caller_commits(conn):
                 return self._insert(levels, self._writer(conn, name))
             with conn.transaction():
                 return self._insert(levels, self._writer(conn, name))
@@ -195,7 +195,7 @@ class Workflow:
             return jobs
         name, url = enqueuing._target(schema, database_url, conn)
         if conn is not None:
-            if inserts._caller_commits(conn):
+            if inserts.caller_commits(conn):
                 return await self._ainsert(conn, name, levels)
             async with conn.transaction():
                 return await self._ainsert(conn, name, levels)

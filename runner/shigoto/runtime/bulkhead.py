@@ -29,6 +29,8 @@ from shigoto.job import Job
 from shigoto.runtime.chain import Next
 from shigoto.runtime.outcome import Completion
 from shigoto.runtime.plugins import ClaimAsk, Connection, Fragment
+from shigoto.runtime.put_back import PutBack
+from shigoto.runtime.runner_pool import RunnerPool
 from shigoto.worker import registered
 
 log = logging.getLogger("shigoto.runner")
@@ -53,7 +55,7 @@ class Bulkheads:
         held: Callable[[], Iterable[Job]],
     ) -> None:
         """`held()`: the jobs this runner's producers hold now (claimed and not finished)."""
-        self._pool = pool
+        self.put_back = PutBack(RunnerPool(pool), stmts, node)
         self.stmts = stmts
         self.node = node
         self.held = held
@@ -100,13 +102,7 @@ class Bulkheads:
         log.debug("job %s (%s) handed back: %d of its worker's jobs already run here",
                   job.id, job.worker, cap,
                   extra={"job_id": job.id, "worker": job.worker})  # fmt: skip
-        try:
-            pool = self._pool()
-            if pool is not None:
-                async with pool.connection() as conn:
-                    await conn.execute(self.stmts.put_back, {"ids": [job.id], "node": self.node})
-        except Exception as exc:  # the rescuer returns it once its deadline has passed
-            log.warning("could not hand job %s back: %s", job.id, exc)
+        await self.put_back([job.id], why="its worker is at its concurrency here")
 
 
 __all__ = ["Bulkheads", "worker_caps"]

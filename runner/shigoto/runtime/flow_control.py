@@ -49,6 +49,8 @@ from shigoto.flow.rate_limit import common_turn, take_turn
 from shigoto.job import Job, JobState
 from shigoto.runtime.outcome import Completion
 from shigoto.runtime.plugins import ClaimAsk, Connection, Fragment
+from shigoto.runtime.put_back import PutBack
+from shigoto.runtime.runner_pool import RunnerPool
 
 log = logging.getLogger("shigoto.flow")
 
@@ -125,7 +127,8 @@ class FlowControl:
         queue_rate_limit: Callable[[str], RateLimit | None],
         clock: Clock = SYSTEM,
     ) -> None:
-        self._pool = pool
+        self._pool = RunnerPool(pool)
+        self.put_back = PutBack(self._pool, stmts, node)
         self.stmts = stmts
         self.schema = stmts.schema
         self.node = node
@@ -143,9 +146,7 @@ class FlowControl:
 
     @property
     def pool(self) -> AsyncConnectionPool:
-        pool = self._pool()
-        assert pool is not None, "the runner is not running"
-        return pool
+        return self._pool()
 
     # --- the middleware ------------------------------------------------------------------
 
@@ -223,7 +224,7 @@ class FlowControl:
         except Exception as exc:
             log.warning("could not check the rate limits of job %s: %s; handing it back",
                         job.id, exc, extra=_fields(job))  # fmt: skip
-            await self._put_back(job)
+            await self.put_back([job.id], why="its rate limits could not be checked")
             return False
         if at - now > lead:
             self._deferred(job, at - now, "rate_limit", key)
@@ -297,7 +298,7 @@ class FlowControl:
         except Exception as exc:
             log.warning("could not check the circuit breaker of job %s: %s; handing it back",
                         job.id, exc, extra=_fields(job))  # fmt: skip
-            await self._put_back(job)
+            await self.put_back([job.id], why="its circuit breaker could not be checked")
             return None
         self._transitions(job, key, step.transitions)
         if step.admitted:
@@ -439,13 +440,6 @@ class FlowControl:
                        {"job": job, "node": self.node, "reason": reason, "key": key})  # fmt: skip
         log.debug("job %s (%s) waits %.3fs: %s %s", job.id, job.worker, wait, reason, key,
                   extra=_fields(job))  # fmt: skip
-
-    async def _put_back(self, job: Job) -> None:
-        try:
-            async with self.pool.connection() as conn:
-                await conn.execute(self.stmts.put_back, {"ids": [job.id], "node": self.node})
-        except Exception as exc:  # the rescuer returns it once its deadline has passed
-            log.warning("could not hand job %s back: %s", job.id, exc, extra=_fields(job))
 
 
 def job_claimed_at(job: Job) -> float:

@@ -29,6 +29,8 @@ from shigoto.runtime.chain import Next
 from shigoto.runtime.liveness import GRACE, RESTART_GRACE, Fence
 from shigoto.runtime.outcome import Completion
 from shigoto.runtime.plugins import ClaimAsk, Connection, Fragment
+from shigoto.runtime.put_back import put_back_on
+from shigoto.runtime.runner_pool import RunnerPool
 from shigoto.worker import registered
 
 log = logging.getLogger("shigoto.runner")
@@ -82,7 +84,7 @@ class GlobalLimits:
         queue_limited: Callable[[str], bool],
         fence: Fence | None = None,
     ) -> None:
-        self._pool = pool
+        self._pool = RunnerPool(pool)
         self.stmts = stmts
         self.schema = stmts.schema
         self.node = node
@@ -128,9 +130,7 @@ class GlobalLimits:
 
     @property
     def pool(self) -> AsyncConnectionPool:
-        pool = self._pool()
-        assert pool is not None, "the runner is not running"
-        return pool
+        return self._pool()
 
     async def _admit(self, job: Job, limit: int) -> bool:
         """Whether `job` (claimed, so counted) fits its worker's global limit; if not, it is
@@ -140,7 +140,7 @@ class GlobalLimits:
             busy = await count_busy(conn, self.schema, "worker", [job.worker])
             if busy.get(job.worker, 0) <= limit:
                 return True
-            await conn.execute(self.stmts.put_back, {"ids": [job.id], "node": self.node})
+            await put_back_on(conn, self.stmts, self.node, [job.id])
         return False
 
     async def fragment(self, ask: ClaimAsk, conn: Connection) -> Fragment | None:

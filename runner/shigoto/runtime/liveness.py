@@ -67,6 +67,7 @@ from shigoto._service import Service
 from shigoto.clock import SYSTEM, Clock, database_now
 from shigoto.db import runtime_statements as statements
 from shigoto.job import Job
+from shigoto.runtime.put_back import put_back_on
 
 log = logging.getLogger("shigoto.liveness")
 
@@ -370,11 +371,8 @@ class Liveness(Service):
             ids = [int(r[0]) for r in await cur.fetchall()]
             if not ids:
                 return []
-            cur = await conn.execute(self.stmts.put_back, {"ids": ids, "node": self.node})
-            rows = await cur.fetchall()
-            queues = sorted({str(r[1]) for r in rows})
-            await conn.execute(self.stmts.notify_queues, {"queues": queues})
-        return [int(r[0]) for r in rows]
+            rows = await put_back_on(conn, self.stmts, self.node, ids, wake=True)
+        return [job_id for job_id, _ in rows]
 
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None

@@ -17,6 +17,8 @@ from shigoto.encryption.sealing import sealed_or_plain
 from shigoto.job import Job
 from shigoto.runtime.chain import Next
 from shigoto.runtime.outcome import Completion
+from shigoto.runtime.put_back import PutBack
+from shigoto.runtime.runner_pool import RunnerPool
 
 log = logging.getLogger("shigoto.runner")
 
@@ -27,7 +29,8 @@ class ParentResults:
     meanwhile is read from there. Jobs without parents cost nothing.
 
     When they cannot be read (the database is away), the job is never run without them: it is
-    handed back without consuming its attempt (or, if even that fails, left to the rescuer).
+    handed back without consuming its attempt (or, if even that fails, left to the orphan
+    sweep: `shigoto.runtime.put_back`).
 
     A sealed result (an `encrypted_result` parent) is handed on as a `SealedValue` bound to
     its parent (a forwarded parent's by the forwarding rule); the executor opens it, so one
@@ -40,7 +43,8 @@ class ParentResults:
         stmts: statements.Statements,
         node: str,
     ) -> None:
-        self._pool = pool
+        self.pool = RunnerPool(pool)
+        self.put_back = PutBack(self.pool, stmts, node)
         self.stmts = stmts
         self.node = node
         self.query = encryption_statements.compose_schema(
@@ -54,7 +58,7 @@ class ParentResults:
         except Exception as exc:
             log.warning("could not read the parents' results of job %s: %s; handing it back",
                         job.id, exc, extra={"job_id": job.id, "worker": job.worker})  # fmt: skip
-            await self._put_back(job)
+            await self.put_back([job.id], why="its parents' results could not be read")
             return None
         token = set_parent_results(results)
         try:
@@ -63,9 +67,7 @@ class ParentResults:
             reset_parent_results(token)
 
     async def load(self, ids: list[int]) -> dict[int, Any]:
-        pool = self._pool()
-        assert pool is not None, "the runner is not running"
-        async with pool.connection() as conn, conn.cursor() as cur:
+        async with self.pool().connection() as conn, conn.cursor() as cur:
             await cur.execute(self.query, {"ids": ids})
             found = {row[0]: self._value(*row) for row in await cur.fetchall()}
         return {parent: found.get(parent) for parent in ids}
@@ -74,14 +76,6 @@ class ParentResults:
         own = JobBinding(schema=self.stmts.schema, queue=queue, worker=worker, job_id=job_id)
         return sealed_or_plain(result, own, meta, "result")
 
-    async def _put_back(self, job: Job) -> None:
-        try:
-            pool = self._pool()
-            if pool is not None:
-                async with pool.connection() as conn:
-                    await conn.execute(self.stmts.put_back, {"ids": [job.id], "node": self.node})
-        except Exception as exc:  # the rescuer returns it once its deadline has passed
-            log.warning("could not hand job %s back: %s", job.id, exc)
 
 
 __all__ = ["ParentResults"]

@@ -71,7 +71,9 @@ from shigoto.runtime.plugins import ClaimPlugin, ClaimShape
 from shigoto.runtime.producer import HOLD_LIMIT, Producer
 from shigoto.runtime.progress import ProgressWriter
 from shigoto.runtime.pruner import Pruner
+from shigoto.runtime.put_back import PutBack
 from shigoto.runtime.rescuer import STUCK_AFTER, OrphanSweep, Rescuer
+from shigoto.runtime.runner_pool import RunnerPool
 from shigoto.runtime.sampler import Sampler
 from shigoto.runtime.shedding import Shedding
 from shigoto.runtime.stager import Stager
@@ -80,6 +82,9 @@ from shigoto.worker import WorkerResolver
 
 log = logging.getLogger("shigoto.runner")
 
+#: Tries of the shutdown's put-back (`shigoto.runtime.put_back`): nothing else of this runner
+#: is left to return the jobs once it has gone.
+SHUTDOWN_TRIES = 5
 #: Seconds a shutdown waits, after cancelling, for sync performs to leave their threads (one
 #: that checks `current_job().cancelled` does): only a perform that has really stopped may be
 #: put back for another runner.
@@ -231,6 +236,7 @@ class Runner:
         self.shedding = (Shedding(shed_target, lambda: self.producers, self.node,
                                   interval=shed_interval) if shed_target else None)  # fmt: skip
         self.fanout_claim = FanoutClaim(self.schema)
+        self.put_back = PutBack(RunnerPool(lambda: self._pool), self.stmts, self.node)
         self.claimer = self._claimer(list(plugins))
         #: The shared settings last read, by queue (runtime producers start from them).
         self._queue_settings: dict[str, QueueSetting] = {}
@@ -513,22 +519,15 @@ class Runner:
 
     async def _hand_back_held(self, job: Job) -> None:
         """A job claimed ahead waited too long for a slot: back to the queue, unperformed."""
-        await self._put_back([job.id])
+        await self.put_back([job.id], why="it waited too long for a slot", wake=True)
 
     async def _put_back(self, ids: list[int]) -> None:
-        assert self._pool is not None
-        for attempt in range(5):
-            try:
-                async with self._pool.connection() as conn:
-                    cur = await conn.execute(self.stmts.put_back, {"ids": ids, "node": self.node})
-                    back = await cur.fetchall()
-                log.info("put back %d unfinished jobs as available", len(back),
-                         extra={"node": self.node, "job_ids": [r[0] for r in back]})  # fmt: skip
-                return
-            except Exception as exc:
-                log.warning("put-back failed (try %d): %s", attempt + 1, exc)
-                await asyncio.sleep(0.5 * (attempt + 1))
-        log.error("could not put back jobs %s; they stay executing until rescued", ids)
+        """The shutdown's put-back: more tries than a running runner's, since nothing else
+        of this runner is left to return the jobs (the rescuer will, once it is gone)."""
+        back = await self.put_back(ids, why="the runner stops", wake=True, tries=SHUTDOWN_TRIES)
+        if back:
+            log.info("put back %d unfinished jobs as available", len(back),
+                     extra={"node": self.node, "job_ids": back})  # fmt: skip
 
     def _leads(self) -> bool:
         return self.elector.is_leader

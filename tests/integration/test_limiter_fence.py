@@ -15,8 +15,11 @@ import shigoto
 from shigoto import registry
 from shigoto.db import runtime_statements as statements
 from shigoto.job import Job, JobState
+from shigoto.runtime.admission import Admissions
 from shigoto.runtime.global_limits import GlobalLimits
 from shigoto.runtime.liveness import Liveness
+from shigoto.runtime.put_back import PutBack
+from shigoto.runtime.runner_pool import RunnerPool
 
 NODE = "fence-node"
 
@@ -122,6 +125,7 @@ async def test_no_limited_job_starts_while_the_fence_is_closed(
     limits = GlobalLimits(lambda: pool, statements.statements("public"), NODE,
                           queue_limited=lambda queue: queue == "limited-queue",
                           fence=limiter.fence)  # fmt: skip
+    admit = Admissions([limits], PutBack(RunnerPool(lambda: pool), limits.stmts, NODE))
     started: list[int] = []
 
     async def perform(job: Job) -> None:
@@ -133,13 +137,13 @@ async def test_no_limited_job_starts_while_the_fence_is_closed(
     free = Job(id=by_worker.id + 2, queue="q", worker="other", args={},
                state=JobState.EXECUTING, attempt=1)  # fmt: skip
     for job in (by_worker, by_queue, free):
-        assert await limits(job, perform) is None
+        assert await admit(job, perform) is None
     assert started == [free.id], "only the job under no limit ran"
     assert limiter.fence.holds(by_worker.id) and limiter.fence.holds(by_queue.id)
     async with pool.connection() as c:
         assert "fence.limited" in await limits.saturated(c), "claims leave its jobs"
     await limiter.run_once()  # proved: the held job goes back, and limited jobs run again
     assert state(conn, by_worker.id)[0] == "available"
-    assert await limits(free, perform) is None
-    assert await limits(by_queue, perform) is None
+    assert await admit(free, perform) is None
+    assert await admit(by_queue, perform) is None
     assert started == [free.id, free.id, by_queue.id]

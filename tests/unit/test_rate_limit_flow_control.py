@@ -13,6 +13,7 @@ from shigoto import registry
 from shigoto.db import runtime_statements as statements
 from shigoto.errors import JobTimeoutError
 from shigoto.job import Job, JobState
+from shigoto.runtime.admission import RUN
 from shigoto.runtime.executor import Completion
 from shigoto.runtime.flow_control import FlowControl, limit_key
 
@@ -38,12 +39,7 @@ async def test_an_unlimited_worker_on_an_unlimited_queue_costs_no_query(
     monkeypatch.setattr(registry, "_definitions", {plain.name: plain})
     flow = FlowControl(no_pool, statements.statements("public"), "node",
                        queue_rate_limit=lambda _q: None)  # fmt: skip
-    done = Completion(job(), JobState.COMPLETED)
-
-    async def terminal(_job: Job) -> Completion:
-        return done
-
-    assert await flow(job(), terminal) is done
+    assert await flow.admit(job()) is RUN
     assert await flow.excluded(None, "default") == []  # no connection used either
 
 

@@ -9,7 +9,7 @@ Two parts, both from what this runner's producers hold:
 - `excluded(queue)`: the claim leaves the jobs of a worker already at its cap where they are
   (its claim fragment, see `shigoto.runtime.plugins`), so the queue's other jobs are claimed
   instead;
-- the middleware: a job claimed over the cap anyway (claims of several queues, or a batch
+- the admission: a job claimed over the cap anyway (claims of several queues, or a batch
   holding more of the worker's jobs than it has room for) is handed back as available without
   consuming its attempt, with a `flow.defer` event (reason `concurrency`), and the chain ends
   with `None`. Admission is counted on the event loop, so it is exact.
@@ -17,6 +17,7 @@ Two parts, both from what this runner's producers hold:
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -26,11 +27,8 @@ from psycopg_pool import AsyncConnectionPool
 from shigoto import registry, telemetry
 from shigoto.db import runtime_statements as statements
 from shigoto.job import Job
-from shigoto.runtime.chain import Next
-from shigoto.runtime.outcome import Completion
+from shigoto.runtime.admission import RUN, Admitted
 from shigoto.runtime.plugins import ClaimAsk, Connection, Fragment
-from shigoto.runtime.put_back import PutBack
-from shigoto.runtime.runner_pool import RunnerPool
 from shigoto.worker import registered
 
 log = logging.getLogger("shigoto.runner")
@@ -43,7 +41,7 @@ def worker_caps() -> dict[str, int]:
 
 
 class Bulkheads:
-    """The per-runner caps of workers: the claim's exclusions and the admission middleware."""
+    """The per-runner caps of workers: a claim plugin (exclusions) and an admission."""
 
     name = "bulkheads"
 
@@ -55,11 +53,10 @@ class Bulkheads:
         held: Callable[[], Iterable[Job]],
     ) -> None:
         """`held()`: the jobs this runner's producers hold now (claimed and not finished)."""
-        self.put_back = PutBack(RunnerPool(pool), stmts, node)
         self.stmts = stmts
         self.node = node
         self.held = held
-        #: Jobs admitted past this middleware and not finished, by worker.
+        #: Jobs admitted and not finished, by worker.
         self.admitted: Counter[str] = Counter()
 
     async def fragment(self, ask: ClaimAsk, conn: Connection) -> Fragment | None:
@@ -76,25 +73,25 @@ class Bulkheads:
         held = Counter(job.worker for job in self.held() if job.worker in caps)
         return sorted(name for name, count in held.items() if count >= caps[name])
 
-    async def __call__(self, job: Job, call_next: Next) -> Completion | None:
+    async def admit(self, job: Job) -> Admitted:
+        """The admission: a job over its worker's cap here goes back (available, attempt
+        given back), to wait for a free slot here or be taken by another runner."""
         # This worker's cap only: copying the whole registry per job cost more than the job.
         cap = getattr(registry.get(job.worker), "concurrency", None) or None
         if cap is None:
-            return await call_next(job)
+            return RUN
         if self.admitted[job.worker] >= cap:
-            await self._hand_back(job, cap)
-            return None
+            self._handed_back(job, cap)
+            return Admitted.put_back("its worker is at its concurrency here")
         self.admitted[job.worker] += 1
-        try:
-            return await call_next(job)
-        finally:
-            self.admitted[job.worker] -= 1
-            if self.admitted[job.worker] <= 0:
-                del self.admitted[job.worker]
+        return Admitted.run(done=functools.partial(self._release, job.worker))
 
-    async def _hand_back(self, job: Job, cap: int) -> None:
-        """Make the job available again, attempt given back: it waits for a free slot of its
-        worker here, or is taken by another runner."""
+    async def _release(self, worker: str, _completion: object, _error: object) -> None:
+        self.admitted[worker] -= 1
+        if self.admitted[worker] <= 0:
+            del self.admitted[worker]
+
+    def _handed_back(self, job: Job, cap: int) -> None:
         telemetry.emit(
             "flow.defer", {"wait": 0.0},
             {"job": job, "node": self.node, "reason": "concurrency", "key": job.worker},
@@ -102,7 +99,6 @@ class Bulkheads:
         log.debug("job %s (%s) handed back: %d of its worker's jobs already run here",
                   job.id, job.worker, cap,
                   extra={"job_id": job.id, "worker": job.worker})  # fmt: skip
-        await self.put_back([job.id], why="its worker is at its concurrency here")
 
 
 __all__ = ["Bulkheads", "worker_caps"]

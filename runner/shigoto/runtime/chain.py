@@ -9,15 +9,16 @@ outcome here (handed back to the queue untouched, as a saturated worker limit do
 The runner's own concerns are middlewares, outermost first:
 
 - `PrepareWorker`: an allowed lazy import of the worker's module, on a thread;
-- `GlobalLimits`: a worker's global concurrency limit admits the job or hands it back (it also
-  tells the claim which workers are saturated, and wakes limited queues once outcomes are
-  written, since a job counts against its limits until then); while the limiter's fence is
-  closed, it starts no limited job at all;
+- `Admissions` (`shigoto.runtime.admission`): the flow-control features' say on the job, in
+  order: the bulkheads, global limits (while the liveness fence is closed, no limited job
+  starts at all), rate limits and breakers; a job one of them refuses goes back through the
+  one put-back, or is kept by the feature that refused it;
 - `StuckThreadsGuard`: after each job, counts sync performs that outlived their deadline;
 - `ProgressWriter`: writes `current_job().progress(...)` reports in the background, one
   writer per job, always the newest value;
 - `ParentResults`: for a job with `depends_on`, its parents' results (one query) for
-  `current_job().parent_results`.
+  `current_job().parent_results`;
+- load shedding's start sample, innermost: the perform starts right after it.
 
 User middleware (`shigoto.middleware`, docs/middleware.md) is not part of this chain: it runs
 inside the executor, in `UserChain`, between the job's context being set and the perform, under

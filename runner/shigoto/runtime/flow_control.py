@@ -2,11 +2,13 @@
 
 One `FlowControl` per runner plays three parts:
 
-- a middleware of the execution chain: a claimed job whose rate limit or circuit breaker does
-  not admit it now is handed back, to wait without consuming an attempt, and the chain ends
-  with `None`; an admitted job's outcome comes back up the chain and feeds its breaker;
-- `excluded(conn, queue)`: the workers the next claim of `queue` should leave out (an open
-  breaker), so the runner keeps executing other workers' jobs meanwhile;
+- an admission (`shigoto.runtime.admission`): a claimed job whose rate limit or circuit
+  breaker does not admit it now is handed back, to wait without consuming an attempt, and the
+  chain ends with `None`; an admitted job's outcome is handed to its `done` step and feeds its
+  breaker;
+- a claim plugin (`fragment`, over `excluded(conn, queue)`): the workers the next claim of
+  `queue` should leave out (an open breaker), so the runner keeps executing other workers'
+  jobs meanwhile;
 - nothing else: the policies themselves are pure (`shigoto.flow`).
 
 Rate limits reserve. Admitting a job locks its limiters' rows (worker, queue, per partition
@@ -32,7 +34,7 @@ import asyncio
 import logging
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,14 +49,14 @@ from shigoto.flow import CircuitBreaker, RateLimit
 from shigoto.flow import circuit_breaker as machine
 from shigoto.flow.rate_limit import common_turn, take_turn
 from shigoto.job import Job, JobState
+from shigoto.runtime.admission import RUN, Admitted, Done
 from shigoto.runtime.outcome import Completion
 from shigoto.runtime.plugins import ClaimAsk, Connection, Fragment
-from shigoto.runtime.put_back import PutBack
+from shigoto.runtime.put_back import PutBack, put_back_on
 from shigoto.runtime.runner_pool import RunnerPool
 
 log = logging.getLogger("shigoto.flow")
 
-Next = Callable[[Job], Awaitable[Completion | None]]
 
 #: Seconds: a job whose turn is at most this far ahead waits in its runner; one further ahead
 #: is handed back and claimed again this long before its turn (more than the stager's default
@@ -148,26 +150,29 @@ class FlowControl:
     def pool(self) -> AsyncConnectionPool:
         return self._pool()
 
-    # --- the middleware ------------------------------------------------------------------
+    # --- the admission -------------------------------------------------------------------
 
-    async def __call__(self, job: Job, call_next: Next) -> Completion | None:
+    async def admit(self, job: Job) -> Admitted:
+        """The admission: a breaker that refuses, or a rate limit whose turn is later, keeps
+        the job (deferred to its turn, or handed back); an admitted job of a worker with a
+        breaker has its outcome recorded once it ends (`done`)."""
         worker = registry.get(job.worker)
         limits = self._rate_limits(job, worker)
         breaker: CircuitBreaker | None = getattr(worker, "circuit_breaker", None)
         if not limits and breaker is None:
-            return await call_next(job)
+            return RUN
         guard = None
         if breaker is not None:
             guard = await self._breaker_admit(job, breaker)
             if guard is None:
-                return None
+                return Admitted.kept("its circuit breaker does not admit it now")
         if limits and not await self._rate_admit(job, limits):
             if guard is not None and guard.probe_started is not None:
                 await self._record(job, guard, None)  # the probe slot goes to another job
-            return None
+            return Admitted.kept("its rate limit's turn is later")
         if guard is None:
-            return await call_next(job)
-        return await self._run_guarded(job, guard, call_next)
+            return RUN
+        return Admitted.run(done=self._guarded(job, guard))
 
     def _rate_limits(self, job: Job, worker: Any) -> list[tuple[str, RateLimit]]:
         """The limits a job of `worker` in its queue is under, by limiter key."""
@@ -319,25 +324,28 @@ class FlowControl:
                     await conn.execute(self._sql["DEFER"],
                                        {"id": job.id, "node": self.node, "wake": wake})  # fmt: skip
                 else:
-                    await conn.execute(self.stmts.put_back, {"ids": [job.id], "node": self.node})
+                    await put_back_on(conn, self.stmts, self.node, [job.id])
         except Exception as exc:  # the rescuer returns it once its deadline has passed
             log.warning("could not hand job %s back: %s", job.id, exc, extra=_fields(job))
         self._deferred(job, max(0.0, wake - now), "circuit_open", key)
 
-    async def _run_guarded(self, job: Job, guard: _Guard, call_next: Next) -> Completion | None:
+    def _guarded(self, job: Job, guard: _Guard) -> Done:
+        """Watch the job's failures from now on; the returned step records its outcome in the
+        breaker once the attempt has ended (an attempt that raised counts for nothing, but
+        frees its probe slot)."""
         self._watch()
         self._watching.add(job.id)
-        try:
-            completion = await call_next(job)
-        except BaseException:
-            if guard.probe_started is not None:
-                await asyncio.shield(self._record(job, guard, None))
-            raise
-        finally:
+
+        async def done(completion: Completion | None, raised: BaseException | None) -> None:
             self._watching.discard(job.id)
             error = self._errors.pop(job.id, None)
-        await self._record(job, guard, self._outcome(guard.breaker, completion, error))
-        return completion
+            if raised is not None:
+                if guard.probe_started is not None:
+                    await self._record(job, guard, None)
+                return
+            await self._record(job, guard, self._outcome(guard.breaker, completion, error))
+
+        return done
 
     @staticmethod
     def _outcome(

@@ -25,7 +25,7 @@ from psycopg_pool import AsyncConnectionPool
 from shigoto import registry
 from shigoto.db import runtime_statements as statements
 from shigoto.job import Job
-from shigoto.runtime.chain import Next
+from shigoto.runtime.admission import RUN, Admitted
 from shigoto.runtime.liveness import GRACE, RESTART_GRACE, Fence
 from shigoto.runtime.outcome import Completion
 from shigoto.runtime.plugins import ClaimAsk, Connection, Fragment
@@ -110,15 +110,17 @@ class GlobalLimits:
         return {name: w.global_concurrency for name, w in registered().items()
                 if w.global_concurrency}  # fmt: skip
 
-    async def __call__(self, job: Job, call_next: Next) -> Completion | None:
+    async def admit(self, job: Job) -> Admitted:
+        """The admission: while fenced, a limited job is kept for the liveness prover to put
+        back; a job over its worker's limit is handed back in the transaction that counted."""
         # This worker's limit only: copying the whole registry per job cost more than the job.
         limit = getattr(registry.get(job.worker), "global_concurrency", None) or None
         if self.fenced and (limit is not None or self.queue_limited(job.queue)):
             self._refuse_fenced(job)
-            return None
+            return Admitted.kept("this runner is fenced off its global limits")
         if limit is not None and not await self._admit(job, limit):
-            return None
-        return await call_next(job)
+            return Admitted.kept("its worker is at its global limit")
+        return RUN
 
     def _refuse_fenced(self, job: Job) -> None:
         """A limited job claimed as the fence closed: never started; it stays executing

@@ -42,6 +42,7 @@ from shigoto.flow.shares import check_capacity
 from shigoto.job import Job
 from shigoto.relations import events as relation_events
 from shigoto.runtime import event_loop, fanout, rescuer
+from shigoto.runtime.admission import Admissions
 from shigoto.runtime.bulkhead import Bulkheads
 from shigoto.runtime.cancels import CancelRequests
 from shigoto.runtime.capacity import Capacity
@@ -325,10 +326,11 @@ class Runner:
             # Keys read once, at start: a malformed SHIGOTO_ENCRYPTION_KEYS stops the runner.
             schema=self.schema, keys=process_ring(),
         )  # fmt: skip
-        # The bulkhead first: it costs no query and may spare the global limit's. Shedding's
-        # latency sample last: the perform starts right after it.
+        # The admissions, the bulkhead first: it costs no query and may spare the global
+        # limit's. Shedding's latency sample last: the perform starts right after it.
+        admissions = Admissions([self.bulkheads, self.limits, self.flow], self.put_back)
         middlewares: list[Any] = [
-            PrepareWorker(self._resolver), self.bulkheads, self.limits, self.flow,
+            PrepareWorker(self._resolver), admissions,
             StuckThreadsGuard(self._check_stuck),
             self.progress, ParentResults(lambda: self._pool, self.stmts, self.node),
         ]  # fmt: skip

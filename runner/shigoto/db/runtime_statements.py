@@ -520,7 +520,7 @@ class Statements:
         return sql.Identifier(self.schema, "shigoto_jobs")
 
 
-def _literal(state: JobState) -> sql.Literal:
+def _state_literal(state: JobState) -> sql.Literal:
     return sql.Literal(state.value)
 
 
@@ -528,16 +528,16 @@ def _literal(state: JobState) -> sql.Literal:
 # spelled out in SQL), the finished states as one list in JobState's order (matching the partial
 # indexes' predicates), and the time of a decision.
 _FIXED_PARTS: dict[str, sql.Composable] = {
-    **{state.value: _literal(state) for state in JobState},
+    **{state.value: _state_literal(state) for state in JobState},
     "finished": sql.SQL("({})").format(
-        sql.SQL(", ").join(_literal(s) for s in JobState if s in FINISHED_STATES)
+        sql.SQL(", ").join(_state_literal(s) for s in JobState if s in FINISHED_STATES)
     ),
     "now": sql.SQL("coalesce(%(now)s::timestamptz, now())"),
     "pending": sql.Literal(ON_DISCARD_PENDING),
     "final": sql.SQL(
         "(CASE WHEN j.cancel_requested_at IS NOT NULL AND u.state <> {c} THEN {x} "
         "ELSE u.state END)"
-    ).format(c=_literal(JobState.COMPLETED), x=_literal(JobState.CANCELLED)),
+    ).format(c=_state_literal(JobState.COMPLETED), x=_state_literal(JobState.CANCELLED)),
     "discard_channel": sql.Literal(DISCARD_CHANNEL),
 }
 

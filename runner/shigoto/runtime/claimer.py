@@ -37,6 +37,7 @@ from shigoto.runtime.plugins import (
     PreparedClaim,
 )
 from shigoto.runtime.producer import Producer
+from shigoto.runtime.runner_pool import RunnerPool
 
 
 def job_rows(_cursor: Any) -> RowMaker[Job]:
@@ -110,18 +111,12 @@ class Claimer:
         plugins: Sequence[ClaimPlugin] = (),
         shapes: Sequence[ClaimShape] = (),
     ) -> None:
-        self._pool = pool
+        self.pool = RunnerPool(pool)
         self.stmts = stmts
         self.schema = stmts.schema
         self.node = node
         self.plugins = tuple(plugins)
         self.shapes = (*shapes, PlainClaim(self.schema))
-
-    @property
-    def pool(self) -> AsyncConnectionPool:
-        pool = self._pool()
-        assert pool is not None, "the runner is not running"
-        return pool
 
     def shape_of(self, ask: ClaimAsk) -> ClaimShape:
         return next(shape for shape in self.shapes if shape.applies(ask))
@@ -130,7 +125,7 @@ class Claimer:
         """Up to `limit` jobs of `queue`, in the order they should start."""
         ask = ClaimAsk(queue=queue, limit=limit, node=self.node, producer=producer)
         shape = self.shape_of(ask)
-        async with self.pool.connection() as conn:
+        async with self.pool().connection() as conn:
             fragments = await self._fragments(ask, shape, conn)
             prepared = merge(ask, fragments)
             scoped = [f for _, f in fragments if f.lock is not None or f.room is not None]

@@ -75,7 +75,7 @@ def batch_params(batch: list[Completion], node: str) -> dict[str, Any]:
     }
 
 
-def _literal(values: list[Any]) -> str:
+def _array_literal(values: list[Any]) -> str:
     """A PostgreSQL array literal of ints, bools or state names, none of which needs quoting.
 
     psycopg dumps a list element by element in Python (about 1.5 us each); for the id,
@@ -89,7 +89,7 @@ def wire_params(params: dict[str, Any]) -> dict[str, Any]:
     """`batch_params` as sent: the arrays that need no quoting go as literals (the statement
     casts every array, so either form is accepted)."""
     plain = ("ids", "attempts", "states", "snoozes")
-    return {k: _literal(v) if k in plain else v for k, v in params.items()}
+    return {k: _array_literal(v) if k in plain else v for k, v in params.items()}
 
 
 class Completer(Service):

@@ -2,11 +2,14 @@
 dead-letter forwarding.
 
 Each relation is exact under many runners because it lives in PostgreSQL: uniqueness is
-decided inside the inserting transaction, and what follows a job's final transition (a
-child released, a batch counted, a job forwarded) happens in the same transaction as that
-transition, by triggers of the feature's migration, whichever path made it (the completer,
-a cancel, the rescuer). This layer sits between jobspec (which asks it to validate the
-relation options of a job) and the db layer (whose insert path it hooks into).
+decided inside the inserting transaction, and what follows a job's insert or final transition
+(a child released, a batch counted, a job forwarded) happens in the same transaction as that
+write, whichever path made it (the completer, a cancel, the rescuer). Each relation's part is
+a SQL function, a step; one trigger per event runs the steps in a stated order. `steps` has the
+table: every step at insert and at a final transition, in order, and where they run.
+
+This layer sits between jobspec (which asks it to validate the relation options of a job) and
+the db layer (whose insert path it hooks into).
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """Batches: a set of jobs counted by outcome, with callback jobs enqueued once they all finished.
 
-The counting and the callbacks live in PostgreSQL (migrations/0010_batches.sql): triggers on
-`shigoto_jobs` move a batch's counts in the same transaction as each job's insert, final
-transition (by the completer, a cancel, the rescuer, a workflow cascade) or retry, and the
-transaction that finds the batch sealed and finished enqueues its callbacks, guarded by the
-batch row's lock. Nothing is remembered in a process, so any number of runners agree.
+The counting and the callbacks live in PostgreSQL (migrations/0010_batches.sql): the batch
+steps check a job's batch in the transaction of its insert (`shigoto_batch_join`) and move the
+batch's counts in the transaction of each final transition (by the completer, a cancel, the
+rescuer, a workflow cascade) or retry (`shigoto_batch_count`, the first step at a final
+transition; `relations.steps` has the order), and the transaction that finds the batch sealed
+and finished enqueues its callbacks, guarded by the batch row's lock. Nothing is remembered in
+a process, so any number of runners agree.
 
 This module is the part below the client: the `batch` enqueue option (`apply`), the checks of
 callbacks that need no worker lookup, and the batch's own statements as `db.steps`

@@ -1,13 +1,14 @@
-"""Telemetry for the transitions that the relation triggers make inside PostgreSQL.
+"""Telemetry for the transitions that the relation steps make inside PostgreSQL.
 
 A child released or cancelled because of its parent, a batch callback enqueued, a job
 forwarded: these happen in whatever transaction finished the job that caused them (a runner's
 completer, `cancel_by` from a script, the rescuer), so no Python code sees them happen. The
-triggers (migration 0013) announce each one on `RELATIONS_CHANNEL`, at commit and only at
-commit; every runner listens, and the leader alone re-emits them as telemetry events, so each
-transition is counted once in the fleet. A transition committed while no runner leads (a
-failover, or no runner at all) goes unannounced: telemetry is a view, never the record, and
-the job rows and `shigoto status` stay exact.
+steps (`relations.steps`; the announcements came with migration 0013) announce each one on
+`RELATIONS_CHANNEL`, at commit and only at commit, in the order the steps ran; every runner
+listens, and the leader alone re-emits them as telemetry events, so each transition is counted
+once in the fleet. A transition committed while no runner leads (a failover, or no runner at
+all) goes unannounced: telemetry is a view, never the record, and the job rows and `shigoto
+status` stay exact.
 
 This module is the pure half: payload in, (event, measurements, metadata) out.
 """

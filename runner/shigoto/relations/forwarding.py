@@ -1,7 +1,8 @@
 """Dead-letter forwarding: the rule for a queue's `forward` setting, checked before it is written.
 
 A queue's `forward` maps a final failure state (`discarded`, `cancelled`) to another queue. The
-forwarding itself is not here: a trigger of migration 0011 inserts the copy in the transaction
+forwarding itself is not here: the forwarding step (`shigoto_forward_copy`, migration 0011, the
+second step at a final transition: see `relations.steps`) inserts the copy in the transaction
 that moves a job into the state, whichever code path moves it (the completer, `cancel_by`, the
 rescuer, a workflow cascade), so a runner killed at any point leaves both rows or neither, and
 runners, the CLI and the operator all read the one setting in `shigoto_queues`.

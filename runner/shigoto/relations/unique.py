@@ -11,6 +11,8 @@ order: bulk enqueues never deadlock), finds each key's holder and either returns
 enqueue is a conflict: the caller gets that job back with `conflict=True`, after `replace`
 and `debounce`) or releases it so the new job may take the key. The unique index on
 `unique_key` (the one cron's slot keys use) backs the lock: two jobs can never hold one key.
+Unique jobs are the one relation without a step in the triggers (`relations.steps`): a final
+transition leaves the key on its row, and the next enqueue of the key judges it.
 
 Encrypted jobs (docs/encryption.md): a bare hash of guessable args would give them away, so
 their key is a keyed HMAC of the same canonical material (`encryption.digests`), under the

@@ -1,11 +1,14 @@
 """Workflows: jobs that wait for other jobs (`depends_on`), and the graph logic of the builder.
 
-A job with parents is decided on by PostgreSQL, never by a runner's memory: migration 0009's
-AFTER INSERT trigger locks the parents' rows and leaves the child waiting (`scheduled`, at
-`WAITING_AT`), cancelled (a parent already failed, policy "cancel") or runnable, in the
-inserting statement; its AFTER UPDATE OF state trigger releases or cancels the children in
-the transaction that finishes a parent, whichever code path finishes it. So a runner killed
-between a parent's completion and its child's release cannot exist: they are one commit.
+A job with parents is decided on by PostgreSQL, never by a runner's memory: the workflow
+step at insert (`shigoto_workflow_admit`, after the batch step) locks the parents' rows and
+leaves the child waiting (`scheduled`, at `WAITING_AT`), cancelled (a parent already failed,
+policy "cancel") or runnable, in the inserting statement; the step at a parent's final
+transition (`shigoto_workflow_resolve`, the last of the three, so a cascade runs depth first)
+releases or cancels the children in the transaction that finishes the parent, whichever code
+path finishes it. So a runner killed between a parent's completion and its child's release
+cannot exist: they are one commit. Migration 0009 made them; `relations.steps` has where and in
+which order they run.
 
 What lives here, besides validating the options (`apply`):
 

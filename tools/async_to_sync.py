@@ -13,6 +13,11 @@ docstrings survive, which an unparsed AST would lose):
 - `async def`, `async with` and `async for` lose `async`; `await` is dropped;
 - every name in `NAMES` is renamed, in code and, inside `backquotes`, in comments and
   docstrings (`ainsert` becomes `insert`); prose is left alone, so write it for both twins;
+- where one docstring cannot serve both twins (`enqueue` is documented in full, `aenqueue` as
+  "`enqueue` for asyncio"), the sync twin's is written right below the async one, as a comment
+  block: a line `# sync docstring:`, then the docstring as it should read, quotes included,
+  each line behind `# `. The generator puts it in place of the async docstring, as written
+  (nothing renamed), and drops the comment block;
 - a header says the file is generated, from where, and how to regenerate it;
 - ruff sorts the imports again and formats the result (`[tool.ruff]` of pyproject.toml), so
   the output is stable.
@@ -47,6 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAIRS: dict[str, str] = {
     "runner/shigoto/db/insert_async.py": "runner/shigoto/db/insert_sync.py",
     "runner/shigoto/client/jobs_async.py": "runner/shigoto/client/jobs_sync.py",
+    "runner/shigoto/client/enqueuing_async.py": "runner/shigoto/client/enqueuing_sync.py",
 }
 
 #: Async names and their sync twins. Explicit rather than a rule such as "drop a leading a",
@@ -70,12 +76,23 @@ NAMES: dict[str, str] = {
     "adelete_jobs": "delete_jobs",
     "await_for": "wait_for",
     "arelatives": "relatives",
+    "aenqueue": "enqueue",
+    "aenqueue_many": "enqueue_many",
+    "aenqueue_kwargs": "enqueue_kwargs",
+    "athrough": "through",
+    "_awriter": "_writer",
+    "_awrite": "_write",
+    "arecord": "record",
+    "async_enqueue_chain": "sync_enqueue_chain",
+    "AsyncWrite": "Write",
 }
 
 #: Where a name that still looks async after the renaming comes from: a missing NAMES entry.
 _ASYNC_LOOKING = re.compile(r"^_?(?:Async|async)|^__a(?:enter|exit|iter|next)__$")
 _QUOTED = re.compile(r"`[^`\n]+`")
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: The comment that starts a sync twin's own docstring (see the module's docstring).
+SYNC_DOCSTRING = "# sync docstring:"
 
 
 def header(source: str) -> str:
@@ -95,10 +112,23 @@ def to_sync(source: str, names: Mapping[str, str] = NAMES) -> str:
     starts = _line_starts(source)
     edits: list[tuple[int, int, str]] = []
     tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    consumed = -1  # the last token of a `# sync docstring:` block already handled
     for i, tok in enumerate(tokens):
+        if i <= consumed:
+            continue
         begin = starts[tok.start[0] - 1] + tok.start[1]
         end = starts[tok.end[0] - 1] + tok.end[1]
-        if tok.type == tokenize.NAME and (
+        own = _sync_docstring(tokens, i) if tok.start in docstrings else None
+        if own is not None:
+            text, consumed = own
+            last_line = tokens[consumed].start[0]
+            edits.append((begin, end, text))  # the sync docstring, as written
+            edits.append((starts[tokens[i + 2].start[0] - 1], starts[last_line], ""))
+        elif tok.type == tokenize.COMMENT and tok.string.rstrip() == SYNC_DOCSTRING:
+            raise ValueError(
+                f"line {tok.start[0]}: `{SYNC_DOCSTRING}` must come right below a docstring"
+            )
+        elif tok.type == tokenize.NAME and (
             tok.string == "await"
             or (tok.string == "async" and tokens[i + 1].string in ("def", "with", "for"))
         ):
@@ -196,6 +226,47 @@ def _docstring_starts(tree: ast.Module) -> set[tuple[int, int]]:
             ):
                 starts.add((first.value.lineno, first.value.col_offset))
     return starts
+
+
+def _sync_docstring(tokens: list[tokenize.TokenInfo], i: int) -> tuple[str, int] | None:
+    """The sync twin's own docstring when a `# sync docstring:` block follows the docstring
+    token `tokens[i]`: its text, continuation lines at the docstring's column, and the index
+    of the block's last comment. None without such a block."""
+    marker = tokens[i + 2] if i + 2 < len(tokens) else None
+    if (
+        tokens[i + 1].type != tokenize.NEWLINE
+        or marker is None
+        or marker.type != tokenize.COMMENT
+        or marker.string.rstrip() != SYNC_DOCSTRING
+    ):
+        return None
+    indent = " " * tokens[i].start[1]
+    lines: list[str] = []
+    for j in range(i + 3, len(tokens)):
+        tok = tokens[j]
+        if tok.type == tokenize.NL:
+            continue
+        if (
+            tok.type != tokenize.COMMENT
+            or tok.start[1] != marker.start[1]
+            or not (tok.string == "#" or tok.string.startswith("# "))
+        ):
+            break
+        lines.append(tok.string[2:])
+        text = "\n".join(lines[:1] + [indent + line if line else "" for line in lines[1:]])
+        if _is_string(text):  # the closing quotes: the block ends here
+            return text, j
+    raise ValueError(
+        f"line {marker.start[0]}: `{SYNC_DOCSTRING}` must be followed by comment lines "
+        "holding one triple-quoted string, each line behind `# ` at the same column"
+    )
+
+
+def _is_string(text: str) -> bool:
+    try:
+        return isinstance(ast.literal_eval(text), str)
+    except (SyntaxError, ValueError):
+        return False
 
 
 def _line_starts(source: str) -> list[int]:

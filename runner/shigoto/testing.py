@@ -64,7 +64,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from shigoto import config, telemetry
-from shigoto.client import enqueuing
+from shigoto.client import interception
 from shigoto.context import reset_parent_results, set_parent_results
 from shigoto.db import ops_statements
 from shigoto.db import runtime_statements as statements
@@ -460,14 +460,16 @@ def inline(*, raise_errors: bool = True) -> Iterator[Recorder]:
 
 @contextlib.contextmanager
 def _mode(recorder: Recorder) -> Iterator[Recorder]:
-    previous = enqueuing.interceptor
+    """`recorder` takes every enqueue while the block runs (`client.interception`, which each
+    enqueue reads at call time), then the mode it replaced is back."""
+    previous = interception.interceptor
     _active.append(recorder)
-    enqueuing.interceptor = recorder
+    interception.interceptor = recorder
     try:
         yield recorder
     finally:
         _active.remove(recorder)
-        enqueuing.interceptor = previous
+        interception.interceptor = previous
 
 
 def perform_job(worker: Any, args: Mapping[str, Any] | None = None, **options: Any) -> Job:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import ast
 import inspect
 from types import ModuleType
+from typing import Any
 
 import pytest
 
-from shigoto.client import jobs_async, jobs_sync
+from shigoto.client import enqueuing_async, enqueuing_sync, jobs_async, jobs_sync
 from shigoto.db import insert_async, insert_sync
 from tests.support.dev_tools import ROOT
 from tests.support.dev_tools import async_to_sync as generator
@@ -39,6 +40,7 @@ def test_every_pair_is_registered_and_every_generated_module_says_so() -> None:
     one the check above compares."""
     assert set(generator.PAIRS) == {
         "runner/shigoto/db/insert_async.py", "runner/shigoto/client/jobs_async.py",
+        "runner/shigoto/client/enqueuing_async.py",
     }  # fmt: skip
     marked = {
         str(path.relative_to(ROOT))
@@ -48,8 +50,16 @@ def test_every_pair_is_registered_and_every_generated_module_says_so() -> None:
     assert marked == set(generator.PAIRS.values())
 
 
+#: Functions of an async module that are not coroutine functions, though written for asyncio.
+NOT_COROUTINES = {
+    "_aborrow",  # an async context manager: its generator function is what was written
+    "_awriter",  # returns the async write; choosing it awaits nothing
+}
+
+
 @pytest.mark.parametrize(
-    ("async_module", "sync_module"), [(insert_async, insert_sync), (jobs_async, jobs_sync)]
+    ("async_module", "sync_module"),
+    [(insert_async, insert_sync), (jobs_async, jobs_sync), (enqueuing_async, enqueuing_sync)],
 )
 def test_the_twins_define_the_same_functions_one_async_one_sync(
     async_module: ModuleType, sync_module: ModuleType
@@ -63,8 +73,7 @@ def test_the_twins_define_the_same_functions_one_async_one_sync(
     for name, fn in coroutines.items():
         twin = plain[generator.NAMES[name]]
         assert not inspect.iscoroutinefunction(twin)
-        # _aborrow is an async context manager: its generator function is what was written.
-        assert inspect.iscoroutinefunction(fn) or name == "_aborrow"
+        assert inspect.iscoroutinefunction(fn) or name in NOT_COROUTINES
 
 
 SOURCE = '''\
@@ -112,6 +121,62 @@ def test_what_the_name_map_misses_is_refused_by_name() -> None:
     assert generator.leftovers(in_fstring) == ["ainsert"]
     with pytest.raises(ValueError, match=r"asyncio\.gather has no sync twin"):
         generator.to_sync("import asyncio\nasync def f() -> None:\n    await asyncio.gather()\n")
+
+
+OWN_DOCSTRING = '''\
+async def aenqueue() -> None:
+    """`enqueue` for asyncio."""
+    # sync docstring:
+    # """Insert one job.
+    #
+    # With `conn=`, in the caller's transaction."""
+    await ainsert()  # stays
+
+
+async def aget_job() -> None:
+    """Without a block, `aget_job`'s docstring serves both."""
+'''
+
+
+def test_a_sync_docstring_block_replaces_the_async_docstring_as_written() -> None:
+    out = generator.to_sync(OWN_DOCSTRING)
+    expected = '''\
+def enqueue() -> None:
+    """Insert one job.
+
+    With `conn=`, in the caller's transaction."""
+    insert()  # stays
+
+
+def get_job() -> None:
+    """Without a block, `get_job`'s docstring serves both."""
+'''
+    assert out == expected
+    namespace: dict[str, Any] = {}
+    exec(out.replace("    insert()  # stays\n", ""), namespace)
+    assert namespace["enqueue"].__doc__ == (
+        "Insert one job.\n\n    With `conn=`, in the caller's transaction."
+    )
+
+
+def test_a_sync_docstring_block_must_follow_a_docstring_and_hold_one_string() -> None:
+    with pytest.raises(ValueError, match="line 2: `# sync docstring:` must come right below"):
+        generator.to_sync("def f() -> None:\n    # sync docstring:\n    pass\n")
+    unclosed = 'def f() -> None:\n    """A."""\n    # sync docstring:\n    # """B.\n    pass\n'
+    with pytest.raises(ValueError, match=r"line 3: .* one triple-quoted string"):
+        generator.to_sync(unclosed)
+
+
+def test_the_public_docstrings_of_enqueueing_are_each_twins_own() -> None:
+    """The sync calls keep their full docstrings; the async ones say what differs."""
+    assert enqueuing_sync.enqueue.__doc__ == (
+        "Insert one job; with `conn=` it joins that connection's open transaction."
+    )
+    assert enqueuing_async.aenqueue.__doc__ == (
+        "`enqueue` for asyncio; `conn=` takes a psycopg AsyncConnection."
+    )
+    assert (enqueuing_sync.enqueue_many.__doc__ or "").startswith("Insert many jobs")
+    assert enqueuing_async.aenqueue_many.__doc__ == "`enqueue_many` for asyncio."
 
 
 def test_the_generated_header_names_the_source_and_the_command() -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 
 from shigoto import telemetry
-from shigoto.client import enqueuing
+from shigoto.client import enqueue_plan, enqueuing, interception
 from shigoto.db import database, inserts
 from shigoto.errors import ValidationError
 from shigoto.job import Job
@@ -127,10 +127,11 @@ class Workflow:
         database_url: str | None,
         schema: str | None,
     ) -> dict[str, Job]:
-        if enqueuing.interceptor is not None:  # a testing mode: no database to name
-            record = enqueuing.interceptor.record
+        interceptor = interception.interceptor
+        if interceptor is not None:  # a testing mode: no database to name
+            record = interceptor.record
             return self._insert(levels, lambda specs: enqueuing.through(specs, record))
-        name, url = enqueuing._target(schema, database_url, conn)
+        name, url = enqueue_plan.target(schema, database_url, conn)
         if conn is not None:
             if inserts.caller_commits(conn):
                 return self._insert(levels, self._writer(conn, name))
@@ -186,14 +187,15 @@ class Workflow:
         database_url: str | None,
         schema: str | None,
     ) -> dict[str, Job]:
-        if enqueuing.interceptor is not None:  # a testing mode: no database to name
+        interceptor = interception.interceptor
+        if interceptor is not None:  # a testing mode: no database to name
             jobs: dict[str, Job] = {}
             for level in levels:
                 specs = [self._spec(n, [jobs[p].id for p in self._after[n]]) for n in level]
-                recorded = await enqueuing.athrough(specs, enqueuing.interceptor.arecord)
+                recorded = await enqueuing.athrough(specs, interceptor.arecord)
                 jobs.update(zip(level, self._written(specs, recorded), strict=True))
             return jobs
-        name, url = enqueuing._target(schema, database_url, conn)
+        name, url = enqueue_plan.target(schema, database_url, conn)
         if conn is not None:
             if inserts.caller_commits(conn):
                 return await self._ainsert(conn, name, levels)

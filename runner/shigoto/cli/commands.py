@@ -29,8 +29,8 @@ from shigoto.db import embedded
 from shigoto.errors import ConfigurationError, Error, ValidationError
 from shigoto.flow.codel import DEFAULT_INTERVAL as SHED_INTERVAL
 from shigoto.runtime import event_loop
-from shigoto.runtime.executor import CALLBACK_TIMEOUT
 from shigoto.runtime.rescuer import STUCK_AFTER
+from shigoto.runtime.worker_callbacks import CALLBACK_TIMEOUT
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DEFAULT_HEALTH_HOST = "0.0.0.0"

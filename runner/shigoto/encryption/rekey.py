@@ -15,7 +15,7 @@ A value keeps the binding it was opened with (its job, or a forwarded copy's ori
 re-sealing never changes who may open it. Plain (unsealed) values are left as they are.
 
 Sealed places of a row: `args`, `result`, the sealed details of its `errors` entries (an
-encrypted job's exception messages, see `runtime.executor`), and, in a forwarded copy's meta,
+encrypted job's exception messages, see `runtime.job_encryption`), and, in a forwarded copy's meta,
 the original's `result` and `errors`.
 """
 

@@ -7,7 +7,8 @@ runner reads the requests of its own executing jobs when a notification names on
 for all of them every `interval` seconds in case one was missed.
 
 Each request is handed to `on_request(job_id, reason)` once; stopping the perform and writing
-`cancelled` afterwards is the runner's (see `Runner._cancel_executing`).
+`cancelled` afterwards is the runner's (see `Interrupts.cancel_executing` in
+`shigoto.runtime.interrupts`).
 """
 
 from __future__ import annotations

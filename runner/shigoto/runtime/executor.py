@@ -5,23 +5,18 @@ the job context copied in, or in a child process with `isolation="process"`. A t
 killed: a sync perform past its deadline (or cancelled) has its attempt failed at once, its
 context's `cancelled` turned True, and its thread abandoned, counted as stuck until it returns.
 Nothing else ever waits for that thread: the worker's callbacks (`backoff`, `on_discard`) run
-on threads of their own, under `callback_timeout`, so the outcome is always recorded.
+on threads of their own, under `callback_timeout` (`runtime.worker_callbacks`), so the outcome
+is always recorded.
 
-Every outcome is logged on `shigoto.executor`, one line each with the fields job_id, worker,
-queue and attempt: failures, retries, discards and cancels at INFO, successes and snoozes at
-DEBUG; tracebacks at `traceback_level`. Job args never appear in the log.
+Every outcome is logged on `shigoto.executor` (`runtime.job_log`), one line each with the
+fields job_id, worker, queue and attempt: failures, retries, discards and cancels at INFO,
+successes and snoozes at DEBUG; tracebacks at `traceback_level`. Job args never appear in the
+log.
 
-Encrypted jobs (docs/encryption.md): sealed args, and sealed results of parents, are opened
-before the perform, so the perform, `current_job()` and `on_discard` see plaintext (a child
-process of `isolation="process"` gets the plaintext through its pipe, never the keys). A value
-that does not open (a missing key, an altered or misplaced ciphertext) fails the attempt with
-a `DecryptionError` naming the key id, retried with backoff like any failure, so a key put
-back later lets the job run; the perform never sees the envelope. The result of an
-`encrypted_result` worker is sealed before the completion leaves. For a job whose args were
-sealed or whose worker is encrypted, an exception's message and traceback may quote its args:
-its `errors` entry keeps only the exception type in `error` and seals message and traceback
-in `sealed` (`{"error": ..., "traceback": ...}`, field "error"), and its log lines name only
-the type (a `DecryptionError`, which names key id and job only, is kept whole).
+Encrypted jobs (docs/encryption.md): their values are opened before the perform and sealed
+before the completion leaves (`runtime.job_encryption`); a value that does not open fails the
+attempt with a `DecryptionError`, retried like any failure. The log lines of a job whose args
+were sealed or whose worker is encrypted name only the exception type.
 """
 
 from __future__ import annotations
@@ -30,7 +25,6 @@ import asyncio
 import contextlib
 import contextvars
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -40,25 +34,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from shigoto import telemetry
-from shigoto.backoff import default_backoff
-from shigoto.context import (
-    JobContext,
-    reset_current,
-    reset_parent_results,
-    set_current,
-    set_parent_results,
-)
-from shigoto.context import _loaded_parent_results as loaded_parent_results
-from shigoto.encryption import DecryptionError, JobBinding, KeyRing, is_envelope, seal
-from shigoto.encryption.sealing import (
-    SealedValue,
-    process_ring,
-    sealed_or_plain,
-)
+from shigoto.context import JobContext, reset_current, reset_parent_results, set_current
+from shigoto.encryption import KeyRing
+from shigoto.encryption.sealing import process_ring
 from shigoto.errors import Cancel, Discard, JobTimeoutError, Outcome, Snooze
 from shigoto.job import Job, JobState
 from shigoto.middleware import execution_middleware
 from shigoto.runtime.isolation import perform_in_process
+from shigoto.runtime.job_encryption import JobEncryption, confidential
+from shigoto.runtime.job_log import describe, log, log_fields
 from shigoto.runtime.outcome import (  # noqa: F401  (re-exported: the executor's outcomes)
     MAX_RESULT_BYTES,
     MAX_TRACEBACK_CHARS,
@@ -73,16 +57,16 @@ from shigoto.runtime.outcome import (  # noqa: F401  (re-exported: the executor'
 )
 from shigoto.runtime.threads import Threads
 from shigoto.runtime.user_chain import UserChain
+from shigoto.runtime.worker_callbacks import (
+    CALLBACK_THREADS,
+    CALLBACK_TIMEOUT,
+    WorkerCallbacks,
+    abandon,
+)
 from shigoto.worker import DEFAULT_MAX_ATTEMPTS, DEFAULT_TIMEOUT, Worker
 
-log = logging.getLogger("shigoto.executor")
-
-#: Seconds a worker's `backoff` or `on_discard` may take before the outcome is recorded without.
-CALLBACK_TIMEOUT = 30.0
 #: Seconds a child process of `isolation="process"` may take to start and import its worker.
 PROCESS_START_TIMEOUT = 60.0
-#: Threads for worker callbacks: bounded, since a callback waits under its timeout anyway.
-CALLBACK_THREADS = 4
 
 
 class _ProcessRing:
@@ -90,6 +74,7 @@ class _ProcessRing:
 
 
 PROCESS_RING = _ProcessRing()
+
 
 class JobExecutor:
     """Executes claimed jobs; shared by every producer of a runner and by `drain_queue`."""
@@ -110,13 +95,15 @@ class JobExecutor:
         """`schema` binds sealed values to their jobs; `keys` opens and seals them (None: no
         keys, sealed jobs fail to open; `PROCESS_RING`: `SHIGOTO_ENCRYPTION_KEYS`, read once)."""
         self.node = node
-        self.schema = schema
-        self.keys = process_ring() if isinstance(keys, _ProcessRing) else keys
+        ring = process_ring() if isinstance(keys, _ProcessRing) else keys
+        self.encryption = JobEncryption(schema, ring)
         self.resolve = resolve
         self.threads = threads
         self.progress = progress
-        self.callbacks = callbacks or Threads("shigoto-callback", max_threads=CALLBACK_THREADS)
-        self.callback_timeout = callback_timeout
+        self.callbacks = WorkerCallbacks(
+            callbacks or Threads("shigoto-callback", max_threads=CALLBACK_THREADS),
+            callback_timeout, self.encryption,
+        )  # fmt: skip
         self.traceback_level = traceback_level
         #: Jobs whose cancel was asked for from outside (`shigoto cancel`), by id: reason.
         self._cancel_requests: dict[int, str] = {}
@@ -185,16 +172,16 @@ class JobExecutor:
                            {"job": job, "node": self.node})  # fmt: skip
         worker: Worker | None = None
         ctx: JobContext | None = None
-        sealed = is_envelope(job.args)
+        sealed = confidential(job)
         parents = None
         try:
             problem = undecodable_problem(job)
             if problem is not None:
                 raise Discard(problem)  # not even on_discard could be given these args
             worker = self.resolve(job.worker)
-            sealed = sealed or getattr(worker, "encrypted", False) is True
+            sealed = confidential(job, worker)
             job = self._opened(job)
-            parents = self._open_parents() if job.depends_on else None
+            parents = self.encryption.open_parents() if job.depends_on else None
             ctx = self._context(job, worker)
             outcome: Any = await self._perform(job, worker, ctx)
         except asyncio.CancelledError:
@@ -220,30 +207,10 @@ class JobExecutor:
             completion = replace(completion, progress=ctx.progress)
         return completion
 
-    def _binding(self, job: Job) -> JobBinding:
-        return JobBinding(schema=self.schema, queue=job.queue, worker=job.worker, job_id=job.id)
-
     def _opened(self, job: Job) -> Job:
-        """`job` with its args opened (a forwarded copy's by the forwarding rule), or
-        DecryptionError naming the key id: the perform never runs on an envelope."""
-        if not is_envelope(job.args):
-            return job
-        value = sealed_or_plain(job.args, self._binding(job), job.meta, "args")
-        args = value.open(self.keys)
-        if not isinstance(args, dict):  # sealed from a JSON object, so never for a real job
-            raise DecryptionError(self._binding(job), "args", value.envelope.get("kid"),
-                                  "the opened args are not a JSON object")  # fmt: skip
-        return replace(job, args=args)
-
-    def _open_parents(self) -> contextvars.Token[dict[int, Any]] | None:
-        """Open the sealed parents' results `ParentResults` handed on, for this task's
-        `current_job().parent_results`; None when there was nothing to open."""
-        results = loaded_parent_results()
-        if not any(isinstance(v, SealedValue) for v in results.values()):
-            return None
-        opened = {k: v.open(self.keys) if isinstance(v, SealedValue) else v
-                  for k, v in results.items()}  # fmt: skip
-        return set_parent_results(opened)
+        """`job` with its args opened, or DecryptionError: the perform never runs on an
+        envelope (see `runtime.job_encryption`)."""
+        return self.encryption.open_args(job)
 
     def operator_cancelled(self, job: Job, reason: str, duration: float = 0.0) -> Completion:
         """The outcome of a job an operator cancelled: reported, and recorded as `cancelled`
@@ -259,7 +226,7 @@ class JobExecutor:
             {"job": job, "node": self.node, "reason": reason, "source": "operator"},
         )  # fmt: skip
         log.info("job %s (%s) cancelled while executing: %s", job.id, job.worker, reason,
-                 extra=_fields(job))  # fmt: skip
+                 extra=log_fields(job))  # fmt: skip
 
     def _context(self, job: Job, worker: Worker) -> JobContext:
         return JobContext(
@@ -341,7 +308,7 @@ class JobExecutor:
             ctx._request_cancel()
             self._abandoned[job.id] = future
             future.add_done_callback(lambda _f: self._abandoned.pop(job.id, None))
-            _abandon(self.threads, future)
+            abandon(self.threads, future)
             raise
 
     def _progress_sink(self, job: Job) -> Callable[[int], None] | None:
@@ -367,13 +334,13 @@ class JobExecutor:
         if isinstance(outcome, Snooze):
             telemetry.emit("job.snooze", {"duration": duration, "snooze": outcome.seconds}, meta)
             log.debug("job %s (%s) snoozed for %gs", job.id, job.worker, outcome.seconds,
-                      extra=_fields(job))  # fmt: skip
+                      extra=log_fields(job))  # fmt: skip
             state = JobState.SCHEDULED if outcome.seconds > 0 else JobState.AVAILABLE
             return Completion(job, state, delay=outcome.seconds, snooze=True)
         if isinstance(outcome, Cancel):
             telemetry.emit("job.cancel", {"duration": duration}, {**meta, "reason": outcome.reason})
             log.info("job %s (%s) cancelled by its worker: %s", job.id, job.worker,
-                     _describe(outcome, sealed), extra=_fields(job))  # fmt: skip
+                     describe(outcome, sealed), extra=log_fields(job))  # fmt: skip
             entry = error_entry(job.attempt, outcome, with_traceback=False)
             return Completion(job, JobState.CANCELLED, error=self._stored(job, entry, sealed))
         if isinstance(outcome, Discard):
@@ -386,38 +353,19 @@ class JobExecutor:
                            {**meta, "result": outcome})  # fmt: skip
         if log.isEnabledFor(logging.DEBUG):
             log.debug("job %s (%s) completed in %.3fs", job.id, job.worker, duration,
-                      extra=_fields(job))  # fmt: skip
+                      extra=log_fields(job))  # fmt: skip
         result_json, problem = _result_json(outcome, job)
         if result_json is not None and getattr(worker, "encrypted_result", False) is True:
-            result_json, problem = self._sealed_result(job, result_json)
+            result_json, problem = self.encryption.seal_result(job, result_json)
         # A result jsonb would refuse is not stored; the job completes (its perform did) with
         # an error entry that says why its result is missing.
         entry = None if problem is None else {
             "attempt": job.attempt, "error": problem, "traceback": ""}  # fmt: skip
         return Completion(job, JobState.COMPLETED, result_json=result_json, error=entry)
 
-    def _sealed_result(self, job: Job, result_json: str) -> tuple[str | None, str | None]:
-        """An `encrypted_result` worker's result as its envelope; never stored in plaintext:
-        without a ring the result is dropped with an error entry saying why."""
-        if self.keys is None:
-            return None, ("result not stored: the worker encrypts its results and this runner "
-                          "has no encryption keys (SHIGOTO_ENCRYPTION_KEYS)")  # fmt: skip
-        envelope = seal(json.loads(result_json), self._binding(job), "result", self.keys)
-        text = json.dumps(envelope, separators=(",", ":"))
-        problem = storable_problem(text)
-        return (None, f"result not storable: {problem}") if problem else (text, None)
-
     def _stored(self, job: Job, entry: dict[str, Any], sealed: bool) -> dict[str, Any]:
-        """The error entry as written: an encrypted job's keeps only the exception type, its
-        message and traceback sealed in `sealed` (dropped when this runner has no key)."""
-        if not sealed or entry["error"].startswith(DecryptionError.__name__ + ":"):
-            return entry
-        kind = entry["error"].split(":", 1)[0]
-        stored = {"attempt": entry["attempt"], "error": kind, "traceback": ""}
-        if self.keys is not None:
-            detail = {"error": entry["error"], "traceback": entry["traceback"]}
-            stored["sealed"] = seal(detail, self._binding(job), "error", self.keys)
-        return stored
+        """The error entry as written (an encrypted job's with its detail sealed)."""
+        return self.encryption.stored_error(job, entry, sealed)
 
     async def _fail(
         self, job: Job, worker: Worker | None, error: BaseException, duration: float,
@@ -435,7 +383,7 @@ class JobExecutor:
         if job.attempt >= max_attempts:
             self._log_failure(job, error, kind, max_attempts, None, sealed)
             return await self._discard(job, worker, entry, duration, error, sealed)
-        delay = await self._backoff(job, worker, error, sealed)
+        delay = await self.callbacks.backoff(job, worker, error, sealed)
         self._log_failure(job, error, kind, max_attempts, delay, sealed)
         return Completion(job, JobState.RETRYABLE, delay=delay,
                           error=self._stored(job, entry, sealed))  # fmt: skip
@@ -446,8 +394,8 @@ class JobExecutor:
     ) -> None:  # fmt: skip
         """One INFO line per failed attempt; the traceback goes at `traceback_level` (never
         for an encrypted job: it may quote the args)."""
-        fields = {**_fields(job), "max_attempts": max_attempts, "kind": kind}
-        what = _describe(error, sealed)
+        fields = {**log_fields(job), "max_attempts": max_attempts, "kind": kind}
+        what = describe(error, sealed)
         if delay is None:
             log.info("job %s (%s) failed attempt %d of %d, no attempts left: %s", job.id,
                      job.worker, job.attempt, max_attempts, what, extra=fields)  # fmt: skip
@@ -460,20 +408,6 @@ class JobExecutor:
         if log.isEnabledFor(self.traceback_level) and kind == "failure" and not sealed:
             log.log(self.traceback_level, "traceback of job %s (%s), attempt %d", job.id,
                     job.worker, job.attempt, exc_info=error, extra=fields)  # fmt: skip
-
-    async def _backoff(
-        self, job: Job, worker: Worker | None, error: BaseException, sealed: bool
-    ) -> float:
-        if worker is None:
-            return default_backoff(job.attempt)
-        try:
-            delay = float(await self._callback(job, "backoff", worker.backoff, job.attempt, error))
-        except Exception as exc:
-            log.error("backoff of %s failed or timed out for job %s; using the default: %s",
-                      job.worker, job.id, _describe(exc, sealed), exc_info=not sealed,
-                      extra=_fields(job))  # fmt: skip
-            return default_backoff(job.attempt)
-        return max(delay, 0.0)
 
     async def _discard(
         self,
@@ -488,91 +422,25 @@ class JobExecutor:
             "job.discard", {"duration": duration}, {"job": job, "node": self.node, "error": error}
         )
         log.info("job %s (%s) discarded after attempt %d: %s", job.id, job.worker, job.attempt,
-                 _describe(error, sealed), extra=_fields(job))  # fmt: skip
+                 describe(error, sealed), extra=log_fields(job))  # fmt: skip
         after = None
         if worker is not None:
             # The database stamps `at` on its own copy when the completion is written; give
             # on_discard the final error in the same shape as the recorded ones (and, for an
             # encrypted job, the earlier ones opened). It runs once the outcome is written.
             final = {**entry, "at": datetime.now(UTC).isoformat()}
-            after = functools.partial(self.on_discard, job, worker,
-                                      [*self._opened_errors(job), final], sealed)  # fmt: skip
+            after = functools.partial(self.callbacks.on_discard, job, worker,
+                                      [*self.encryption.opened_errors(job), final],
+                                      sealed)  # fmt: skip
         return Completion(job, JobState.DISCARDED, error=self._stored(job, entry, sealed),
                           after=after)  # fmt: skip
-
-    def _opened_errors(self, job: Job) -> list[dict[str, Any]]:
-        """`job.errors` with each sealed detail opened where this runner can (an entry that
-        does not open stays as stored: it only describes a past attempt)."""
-        out = []
-        for entry in job.errors or []:
-            envelope = entry.get("sealed") if isinstance(entry, dict) else None
-            if is_envelope(envelope):
-                try:
-                    value = sealed_or_plain(envelope, self._binding(job), job.meta, "error")
-                    detail = value.open(self.keys)
-                    entry = {k: v for k, v in entry.items() if k != "sealed"} | detail
-                except DecryptionError:
-                    pass
-            out.append(entry)
-        return out
 
     async def on_discard(
         self, job: Job, worker: Worker, errors: list[dict[str, Any]], sealed: bool = False
     ) -> None:
-        """Call the worker's `on_discard` under the callback timeout; a failure is logged.
-        Sealed args (a job the rescuer discarded) are opened first; if they cannot be, it is
-        not called: it never sees an envelope."""
-        try:
-            job = self._opened(job)
-        except DecryptionError as exc:
-            log.info("job %s (%s): on_discard not called: %s", job.id, job.worker, exc,
-                     extra=_fields(job))  # fmt: skip
-            return
-        try:
-            if worker.on_discard_is_async:
-                async with asyncio.timeout(self.callback_timeout):
-                    await worker.on_discard(job.args, errors)
-            else:
-                await self._callback(job, "on_discard", worker.on_discard, job.args, errors)
-        except Exception as exc:
-            log.error(
-                "on_discard of %s failed or timed out for job %s: %s", job.worker, job.id,
-                _describe(exc, sealed), exc_info=not sealed, extra=_fields(job),
-            )  # fmt: skip
-
-    async def _callback(self, job: Job, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """`fn(*args)` on a callback thread; raises TimeoutError after `callback_timeout`."""
-        future = self.callbacks.submit(fn, *args)
-        try:
-            async with asyncio.timeout(self.callback_timeout):
-                return await asyncio.wrap_future(future)
-        except TimeoutError:
-            _abandon(self.callbacks, future)
-            raise TimeoutError(
-                f"{what} of {job.worker} took longer than {self.callback_timeout:g}s"
-            ) from None
-
-
-def _abandon(executor: Executor, future: Future[Any]) -> None:
-    abandon = getattr(executor, "abandon", None)
-    if abandon is not None:
-        abandon(future)
-    else:
-        future.cancel()
-
-
-def _fields(job: Job) -> dict[str, Any]:
-    """The structured fields of every per-job log line (never the args)."""
-    return {"job_id": job.id, "worker": job.worker, "queue": job.queue, "attempt": job.attempt}
-
-
-def _describe(error: BaseException, sealed: bool = False) -> str:
-    """How a log line names an error; for an encrypted job only its type (its message may
-    quote the args), except a DecryptionError, which names only key id and job."""
-    if sealed and not isinstance(error, DecryptionError):
-        return type(error).__name__
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-
+        """Call the worker's `on_discard` under the callback timeout (the rescuer's way in,
+        for a job it discarded)."""
+        await self.callbacks.on_discard(job, worker, errors, sealed)
 
 
 @dataclass(frozen=True, slots=True)

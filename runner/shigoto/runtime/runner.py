@@ -1,9 +1,12 @@
 """The composition root: wires producers, executor, completer, notifier and services.
 
-Shutdown has two phases: stop claiming and let in-flight jobs finish within `shutdown_timeout`;
-then cancel what is left and hand those jobs back as available without consuming an attempt
-(but not sync performs whose thread still runs them: those stay executing for the rescuer).
-The heartbeat stops last, so a long drain is never mistaken for a dead node.
+The runner builds every part and connects them; the parts do the work: a claimed job takes
+the job path (`runtime.job_path`) and its outcome the recorder (`runtime.recorder`), operator
+cancels and the liveness fence stop running jobs through `runtime.interrupts`, and `stop()`
+ends in the two-phase shutdown (`runtime.shutdown`). What stays here is what needs the whole
+runner: the queues served (added and removed at run time, their shared settings applied to
+their producers), the claim each producer makes, the notifications routed to their part, and
+the count of stuck threads.
 
 Sync performs that overran their timeout (or were cancelled) and still hold their thread are
 counted; past `max_stuck_threads` the runner is sick (threads, memory, maybe locks leak): it
@@ -46,56 +49,41 @@ from shigoto.runtime.admission import Admissions
 from shigoto.runtime.bulkhead import Bulkheads
 from shigoto.runtime.cancels import CancelRequests
 from shigoto.runtime.capacity import Capacity
-from shigoto.runtime.chain import PrepareWorker, StuckThreadsGuard, chain
+from shigoto.runtime.chain import PrepareWorker, StuckThreadsGuard
 from shigoto.runtime.claimer import Claimer
 from shigoto.runtime.completer import Completer
 from shigoto.runtime.elector import Elector
-from shigoto.runtime.executor import (
-    CALLBACK_THREADS,
-    CALLBACK_TIMEOUT,
-    Completion,
-    JobExecutor,
-    Undecodable,
-    uncancel,
-)
+from shigoto.runtime.executor import JobExecutor
 from shigoto.runtime.fair_claim import FairClaim
 from shigoto.runtime.fanout import FanoutClaim
 from shigoto.runtime.flow_control import FlowControl
 from shigoto.runtime.global_limits import GlobalLimits
 from shigoto.runtime.heap import freeze_startup_heap
+from shigoto.runtime.interrupts import Interrupts
+from shigoto.runtime.job_path import JobPath
 from shigoto.runtime.liveness import Liveness
 from shigoto.runtime.loop_watch import LoopWatch
 from shigoto.runtime.node import Heartbeat, new_node_id
 from shigoto.runtime.notifier import Notifier
+from shigoto.runtime.outcome import Undecodable
 from shigoto.runtime.parent_results import ParentResults
 from shigoto.runtime.plugins import ClaimPlugin, ClaimShape
 from shigoto.runtime.producer import HOLD_LIMIT, Producer
 from shigoto.runtime.progress import ProgressWriter
 from shigoto.runtime.pruner import Pruner
 from shigoto.runtime.put_back import PutBack
+from shigoto.runtime.recorder import Recorder
 from shigoto.runtime.rescuer import STUCK_AFTER, OrphanSweep, Rescuer
 from shigoto.runtime.runner_pool import RunnerPool
 from shigoto.runtime.sampler import Sampler
 from shigoto.runtime.shedding import Shedding
+from shigoto.runtime.shutdown import Shutdown
 from shigoto.runtime.stager import Stager
 from shigoto.runtime.threads import Threads
+from shigoto.runtime.worker_callbacks import CALLBACK_THREADS, CALLBACK_TIMEOUT
 from shigoto.worker import WorkerResolver
 
 log = logging.getLogger("shigoto.runner")
-
-#: Tries of the shutdown's put-back (`shigoto.runtime.put_back`): nothing else of this runner
-#: is left to return the jobs once it has gone.
-SHUTDOWN_TRIES = 5
-#: Seconds a shutdown waits, after cancelling, for sync performs to leave their threads (one
-#: that checks `current_job().cancelled` does): only a perform that has really stopped may be
-#: put back for another runner.
-PUT_BACK_GRACE = 5.0
-#: Seconds a shutdown waits, past its timeout, for jobs whose perform has ended to have their
-#: outcome recorded (a worker's `backoff` may take up to its callback timeout); a decided
-#: outcome is never put back.
-RECORD_GRACE = 10.0
-#: Seconds the end of a shutdown waits for the services' tasks once they are cancelled.
-SERVICES_GRACE = 10.0
 
 
 def _loads_json(data: bytes) -> Any:
@@ -220,7 +208,6 @@ class Runner:
         self.stmts = statements.statements(self.schema)
         self.limits = GlobalLimits(lambda: self._pool, self.stmts, self.node,
                                    self._queue_limited, fence=self.liveness.fence)  # fmt: skip
-        self.liveness.fence.on_fence = self._fence_limited
         self.liveness.fence.on_lift = lambda: [p.wake() for p in self.producers.values()]
         self.liveness.fence.still_running = lambda job_id: (
             self._executor is not None and self._executor.still_running(job_id))  # fmt: skip
@@ -251,15 +238,13 @@ class Runner:
         self._callbacks: Threads | None = None
         self._completer: Completer | None = None
         self._executor: JobExecutor | None = None
-        self._execute_chain: Any = None
+        self._recorder: Recorder | None = None
+        self._jobs: JobPath | None = None
+        self._shutdown: Shutdown | None = None
         self._notifying: set[asyncio.Future[None]] = set()
         self._cancels: CancelRequests | None = None
         #: Reports an event loop blocked by a worker (runtime.loop_watch).
         self.loop_watch = LoopWatch(self.node, JobExecutor.execute.__code__)
-        #: Steps that run once an outcome is written (`Completion.after`: on_discard).
-        self._afters: set[asyncio.Task[None]] = set()
-        #: Outcomes decided but held back until a thread leaves the perform (`_record`).
-        self._deferred: set[int] = set()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -336,11 +321,26 @@ class Runner:
         ]  # fmt: skip
         if self.shedding is not None:
             middlewares.append(self.shedding)
-        self._execute_chain = chain(middlewares, self._run_job)
+        # The job path's parts, each built from the ones before: the recorder (an operator's
+        # cancel of a job claimed ahead is recorded at once), the interrupts (called by the
+        # fence and the cancel requests), the path (which forgets a handled cancel request
+        # once its job's task ends).
+        self._recorder = Recorder(self._executor, self._completer)
+        interrupts = Interrupts(
+            producers=self.producers, executor=self._executor, record=self._recorder.record,
+            fanout_claim=self.fanout_claim, limits=self.limits, fence=self.liveness.fence,
+            node=self.node,
+        )  # fmt: skip
+        self.liveness.fence.on_fence = interrupts.fence_limited
+        self._cancels = CancelRequests(pool, self.stmts, self.node, interrupts.cancel_executing)
+        self._jobs = JobPath(
+            executor=self._executor, recorder=self._recorder, cancels=self._cancels,
+            shedding=self.shedding, fanout_claim=self.fanout_claim, pool=pool,
+            schema=self.schema, node=self.node, middlewares=middlewares,
+        )  # fmt: skip
         heartbeat = Heartbeat(pool, self.stmts, self.node, lambda: dict(self.queues),
                               s.heartbeat_interval, clock=self.clock)  # fmt: skip
         await heartbeat.run_once()
-        self._cancels = CancelRequests(pool, self.stmts, self.node, self._cancel_executing)
         channels = [statements.INSERT_CHANNEL, statements.CANCEL_CHANNEL, rescuer.DISCARD_CHANNEL,
                     relation_events.RELATIONS_CHANNEL]
         notifier = Notifier(self.url, channels, self._dispatch)
@@ -381,6 +381,12 @@ class Runner:
         # maintenance services.
         self._services = {"elector": self.elector, "liveness": self.liveness,
                           "completer": self._completer, "notifier": notifier, **services}
+        self._shutdown = Shutdown(
+            node=self.node, producers=self.producers, producer_tasks=self._producer_tasks,
+            services=self._services, executor=self._executor, completer=self._completer,
+            recorder=self._recorder, put_back=self.put_back, elector=self.elector,
+            loop_watch=self.loop_watch, callback_timeout=self.callback_timeout,
+        )  # fmt: skip
         for service in self._services.values():
             service.start()
         self.loop_watch.start()
@@ -396,140 +402,11 @@ class Runner:
                         "event_loop": loop_kind})  # fmt: skip
         self.ready.set()
         await self._stop.wait()
-        await self._shutdown(services, notifier, heartbeat)
-
-    async def _shutdown(
-        self, services: dict[str, Service], notifier: Notifier, heartbeat: Heartbeat
-    ) -> None:
-        log.info("runner %s stopping: no new claims, waiting up to %.0fs for %d jobs",
-                 self.node, self.settings.shutdown_timeout, self.executing_count)  # fmt: skip
-        # The heartbeat beats on until the last job has ended and its outcome is written: a
-        # drain may take up to `shutdown_timeout` (an hour, say), and a silent node's jobs
-        # would be rescued and run again elsewhere while they still run here.
-        for service in services.values():
-            if service is not heartbeat:
-                service.stop()
-        producers = list(self.producers.values())
-        for producer in producers:
-            producer.stop_claiming()
-        await self._drain_producers(producers, self.settings.shutdown_timeout)
-        assert self._completer is not None
-        await self._finish_afters()
-        if not await self._completer.drain(timeout=10):
-            log.error("%d completions could not be recorded before exit; those jobs stay "
-                      "executing until rescued", self._completer.backlog)  # fmt: skip
-        notifier.stop()  # not awaited: its session ends within a second, or is cancelled below
-        await self.elector.stop()  # resigns: another runner leads at once
-        await self._stop_heartbeat(heartbeat)
-        try:
-            await heartbeat.unregister()
-        except Exception as exc:
-            log.warning("could not unregister node %s: %s", self.node, exc)
-        # Every service is asked to stop, then cancelled, then waited for within a bound: a
-        # task that swallowed its cancel (asyncio.wait_for on Python 3.11 can) must not keep
-        # the process from exiting.
-        for service in self._services.values():
-            service.stop()
-        tasks = [t for service in self._services.values() if (t := service.task) is not None]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            _, stuck = await asyncio.wait(tasks, timeout=SERVICES_GRACE)
-            for task in stuck:
-                log.warning("a service task did not end within %.0fs of the shutdown: %s",
-                            SERVICES_GRACE, task.get_name())  # fmt: skip
-        self._services.clear()
-        self.loop_watch.stop()
-        log.info("runner %s stopped", self.node)
-
-    async def _stop_heartbeat(self, heartbeat: Heartbeat) -> None:
-        """Stop beating, and wait for a beat in flight: one landing after the unregister
-        would bring the node's row back."""
-        heartbeat.stop()
-        self._services.pop("heartbeat", None)
-        task = heartbeat.task
-        if task is not None:
-            _, pending = await asyncio.wait([task], timeout=10)
-            for late in pending:
-                late.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-    async def _drain_producers(self, producers: list[Producer], timeout: float) -> None:
-        """Wait for in-flight jobs; then stop the performs still running and put those jobs
-        back. A job whose perform has ended keeps its outcome: it is recorded, never put back
-        and run again (its `backoff` may still be running: that is waited for, within
-        `RECORD_GRACE`)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        # A claim in flight has already committed its jobs: let the producer loop finish it
-        # and start them. Cancelling it there would leave those jobs neither run nor put
-        # back, executing until rescued.
-        loops = [t for p in producers if (t := self._producer_tasks.pop(p.queue, None))]
-        if loops:
-            _, stuck = await asyncio.wait(loops, timeout=timeout)
-            for task in stuck:
-                log.warning("a claim did not return before the shutdown timeout; its jobs "
-                            "stay executing until rescued")  # fmt: skip
-                task.cancel()
-        remaining = max(deadline - loop.time(), 0.0)
-        await asyncio.gather(*(p.wait_drained(remaining) for p in producers))
-        assert self._executor is not None and self._completer is not None
-        leftover = [(job, task) for p in producers for job, task in p.running.values()]
-        stopped = [(job, task) for job, task in leftover
-                   if not self._executor.decided(job.id)]  # fmt: skip
-        for _, task in stopped:
-            task.cancel()
-        if leftover:
-            await asyncio.wait([task for _, task in leftover], timeout=RECORD_GRACE)
-        for job, task in leftover:
-            if not task.done():  # a decided job whose recording hangs: the rescuer's
-                log.warning("job %s: its outcome was not recorded within %.0fs of the shutdown "
-                            "timeout; it stays executing until rescued", job.id, RECORD_GRACE,
-                            extra={"node": self.node, "job_id": job.id})  # fmt: skip
-                task.cancel()
-        await self._executor.wait_stopped([job.id for job, _ in leftover], PUT_BACK_GRACE)
-        # Outcomes first: a put-back only moves rows still executing, so every outcome decided
-        # before it must be written before it.
-        await self._completer.wait_idle(RECORD_GRACE)
-        back, running = self._stopped_jobs([job for job, _ in stopped])
-        if running:
-            log.warning("jobs %s still run on threads that cannot be stopped: left executing, "
-                        "for the rescuer to return once this node is gone", running,
-                        extra={"node": self.node, "job_ids": running})  # fmt: skip
-        if back:
-            await self._put_back(back)
-
-    def _stopped_jobs(self, jobs: list[Job]) -> tuple[list[int], list[int]]:
-        """Split cancelled jobs into those whose perform has really stopped (safe to hand to
-        another runner, attempt given back) and sync ones whose thread still runs them: putting
-        those back would let a second runner run the job while the first copy still does.
-        A job whose perform ended as the cancel landed has its outcome written by now
-        (`_drain_producers` waits for the completer first), so the put-back, which moves only
-        rows still executing, leaves it alone; one still recording it when the grace ran out
-        (its task not over, so still `decided`) is left for the rescuer, never put back."""
-        assert self._executor is not None
-        back = [job.id for job in jobs if not self._executor.still_running(job.id)
-                and not self._executor.decided(job.id)]  # fmt: skip
-        running = [job.id for job in jobs if self._executor.still_running(job.id)]
-        return back, running
-
-    async def _finish_afters(self) -> None:
-        """Let the steps that follow written outcomes (on_discard) run to their end: they are
-        bounded by the callback timeout, and cutting one short would skip it for good."""
-        if self._afters:
-            await asyncio.wait(list(self._afters), timeout=self.callback_timeout + 10)
+        await self._shutdown.run(services, notifier, heartbeat, self.settings.shutdown_timeout)
 
     async def _hand_back_held(self, job: Job) -> None:
         """A job claimed ahead waited too long for a slot: back to the queue, unperformed."""
         await self.put_back([job.id], why="it waited too long for a slot", wake=True)
-
-    async def _put_back(self, ids: list[int]) -> None:
-        """The shutdown's put-back: more tries than a running runner's, since nothing else
-        of this runner is left to return the jobs (the rescuer will, once it is gone)."""
-        back = await self.put_back(ids, why="the runner stops", wake=True, tries=SHUTDOWN_TRIES)
-        if back:
-            log.info("put back %d unfinished jobs as available", len(back),
-                     extra={"node": self.node, "job_ids": back})  # fmt: skip
 
     def _leads(self) -> bool:
         return self.elector.is_leader
@@ -556,7 +433,8 @@ class Runner:
         if producer is None:
             return
         producer.stop_claiming()
-        await self._drain_producers([producer], self.settings.shutdown_timeout)
+        assert self._shutdown is not None  # a producer is there: the runner ran
+        await self._shutdown.drain([producer], self.settings.shutdown_timeout)
 
     def _apply_settings(self, settings: dict[str, QueueSetting]) -> None:
         self._queue_settings.update(settings)
@@ -574,8 +452,9 @@ class Runner:
             await self._completer.wait_for_room()
 
     def _start_producer(self, queue: str, concurrency: int) -> None:
+        assert self._jobs is not None  # producers start once the runner serves
         producer = Producer(
-            queue, concurrency, claim=self._claim, execute=self._execute,
+            queue, concurrency, claim=self._claim, execute=self._jobs.execute,
             poll_interval=self.settings.poll_interval, claim_batch=self.settings.claim_batch,
             node=self.node, room=self._completer_room,
             room_now=lambda: self._completer is None or not self._completer.full,
@@ -616,7 +495,7 @@ class Runner:
         return Claimer(lambda: self._pool, self.stmts, self.node, plugins=[*own, *plugins],
                        shapes=[*shapes, self.fanout_claim, FairClaim(self.schema)])  # fmt: skip
 
-    # -- the job path ---------------------------------------------------------------------
+    # -- claims and held jobs -------------------------------------------------------------
 
     async def _claim(self, queue: str, limit: int) -> list[Job]:
         if self.limits.fenced and self._queue_limited(queue):
@@ -631,7 +510,9 @@ class Runner:
         """Every job whose row this runner is responsible for now: claimed and not finished,
         its outcome waiting for a thread or being written, or a fan-out delivery."""
         held = {job_id for p in self.producers.values() for job_id in p.running}
-        held |= self._deferred | set(self.fanout_claim.ids) | self.liveness.fence.holding()
+        held |= set(self.fanout_claim.ids) | self.liveness.fence.holding()
+        if self._recorder is not None:
+            held |= self._recorder.deferred
         if self._completer is not None:
             held |= self._completer.holds()
         return held
@@ -639,94 +520,6 @@ class Runner:
     def _held_jobs(self) -> list[Job]:
         """Every job this runner's producers hold now: claimed and not finished."""
         return [job for p in self.producers.values() for job, _ in p.running.values()]
-
-    async def _execute(self, job: Job) -> None:
-        """Run one claimed job through the execution middleware chain. A fan-out delivery the
-        chain handed back (no outcome) is released, as a plain job's row is put back: this
-        runner takes it again later instead of holding its job open while it lives."""
-        try:
-            completion = await self._execute_chain(job)
-        except asyncio.CancelledError:
-            # An operator's cancel that stopped the job before its perform began (a
-            # middleware's admission): its outcome is `cancelled` all the same.
-            assert self._executor is not None
-            reason = self._executor.take_cancel_request(job.id)
-            if reason is None:
-                raise
-            uncancel()
-            completion = self._executor.operator_cancelled(job, reason)
-            self._record(completion)
-        finally:
-            assert self._executor is not None
-            self._executor.forget(job.id)
-            if self._cancels is not None:
-                self._cancels.forget(job.id)
-            if self.shedding is not None:
-                self.shedding.forget(job.id)
-        if completion is None and job.id in self.fanout_claim.ids:
-            self.fanout_claim.ids.discard(job.id)
-            assert self._pool is not None
-            try:
-                await fanout.release_delivery(self._pool, self.schema, self.node, job.id)
-            except psycopg.Error as exc:
-                log.warning("releasing the fan-out delivery of job %s failed: %s", job.id, exc)
-
-    async def _run_job(self, job: Job) -> Completion:
-        """The chain's end: execute, and hand the outcome to the completer without waiting.
-        The completion carries the last reported progress itself."""
-        assert self._executor is not None and self._completer is not None
-        completion = await self._executor.execute(job)
-        if job.id in self.fanout_claim.ids:
-            await self._finish_delivery(completion)
-        else:
-            self._record(completion)
-        return completion
-
-    def _record(self, completion: Completion) -> None:
-        """Hand the outcome to the completer once no thread runs the perform any more (at
-        once, unless a timeout or a cancel gave up on a sync perform that still runs): until
-        then the job stays `executing` here, so no other attempt of it can start."""
-        assert self._executor is not None
-        job_id = completion.job.id
-        if not self._executor.still_running(job_id):  # the usual case: nothing to wait for
-            self._deliver(completion)
-            return
-        self._deferred.add(job_id)
-        self._executor.when_stopped(job_id, lambda: self._deliver(completion))
-
-    def _deliver(self, completion: Completion) -> None:
-        """Submit the outcome; its after-step (on_discard) waits for the write, in a task of
-        its own that a shutdown lets finish."""
-        assert self._completer is not None
-        self._deferred.discard(completion.job.id)
-        place = self._completer.submit(completion)
-        if completion.after is not None:
-            task = asyncio.ensure_future(self._after(place, completion))
-            self._afters.add(task)
-            task.add_done_callback(self._afters.discard)
-
-    async def _after(self, place: int, completion: Completion) -> None:
-        assert self._completer is not None and completion.after is not None
-        await self._completer.wait_written(place)
-        try:
-            await completion.after()
-        except Exception as exc:  # on_discard logs its own failures; this is a last guard
-            log.warning("the step after job %s's outcome failed: %s", completion.job.id, exc)
-
-    async def _finish_delivery(self, completion: Completion) -> None:
-        """Record a fan-out delivery. A failed write is logged and left to the sweep: this
-        runner's delivery stays 'executing', which only the runner's own departure clears."""
-        assert self._pool is not None
-        try:
-            await fanout.finish_delivery(self._pool, self.schema, self.node, completion)
-        except psycopg.Error as exc:
-            log.warning("recording the fan-out delivery of job %s failed: %s",
-                        completion.job.id, exc)  # fmt: skip
-            return
-        finally:
-            self.fanout_claim.ids.discard(completion.job.id)
-        if completion.after is not None:  # on_discard, once the delivery is recorded
-            await completion.after()
 
     def _queue_rate_limit(self, queue: str) -> RateLimit | None:
         setting = self._queue_settings.get(queue)
@@ -816,48 +609,6 @@ class Runner:
             await self._cancels.check([job_id])
         except Exception as exc:  # the poll will find it
             log.warning("could not check the cancel of job %s: %s", job_id, exc)
-
-    def _cancel_executing(self, job_id: int, reason: str) -> None:
-        """An operator asked to cancel `job_id`, which this node executes: stop its perform
-        (async: cancelled at its await; sync: `current_job().cancelled`; a child process:
-        killed). `cancelled` is written once the perform has stopped (`_record`); a job
-        claimed ahead that never started is written `cancelled` at once."""
-        assert self._executor is not None
-        for producer in self.producers.values():
-            entry = producer.running.get(job_id)
-            if entry is None:
-                continue
-            if producer.waiting(job_id):  # claimed ahead, never started: nothing to stop
-                producer.cancel_job(job_id)
-                self._record(self._executor.operator_cancelled(entry[0], reason))
-            elif self._executor.request_cancel(job_id, reason):
-                producer.cancel_job(job_id)
-            return
-
-    def _fence_limited(self) -> None:
-        """The liveness fence closed: no proof of this runner reached the database for
-        `FENCE_AFTER` seconds, so the others may soon stop counting its jobs against their
-        global limits (`shigoto.runtime.liveness`). Stop its limited jobs before they do: each
-        task is cancelled (async: at its await; sync: `current_job().cancelled`; a child
-        process: killed) without an operator's reason, so no outcome is written, and the job
-        is held by the fence, which puts it back once a proof gets through. A job whose
-        perform has ended already keeps its outcome; fan-out deliveries count against no
-        limit."""
-        if self._executor is None:
-            return
-        stopped = []
-        for producer in self.producers.values():
-            for job, task in list(producer.running.values()):
-                if (job.id in self.fanout_claim.ids or self._executor.decided(job.id)
-                        or not self.limits.limited(job)):  # fmt: skip
-                    continue
-                self.liveness.fence.hold(job, task)
-                task.cancel()
-                stopped.append(job.id)
-        if stopped:
-            log.warning("fenced: stopped limited jobs %s; they go back to their queue once "
-                        "this runner reaches the database again", stopped,
-                        extra={"node": self.node, "job_ids": stopped})  # fmt: skip
 
     @property
     def executing_count(self) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 from psycopg.types.string import StrBinaryDumper
 
-#: Column types of `runtime_statements.copy_jobs`, in order.
+#: Column types of `insert_statements.copy_jobs`, in order.
 COPY_TYPES = (
     "int8", "text", "text", "jsonb", "text", "int4", "int4", "float8", "timestamptz",
     "timestamptz", "text[]", "jsonb", "int8[]", "text", "int8", "text",

@@ -119,7 +119,7 @@ async def _awrite_many(
     how = plan(specs)
     own = insert_statements(stmts.schema)
     if how == "one":  # one statement: atomic without a transaction of ours
-        await cur.execute(stmts.insert_one, specs[0].as_params())  # it notifies itself
+        await cur.execute(own.insert_one, specs[0].as_params())  # it notifies itself
         returned = await cur.fetchone()
         assert returned is not None
         return [(new_job(specs[0], one_row(specs[0], returned)), False)]
@@ -151,7 +151,7 @@ async def _awrite_many(
     result: list[Written]
     if how == "copy":
         prepare_copy(cur)
-        async with cur.copy(stmts.copy_jobs) as copy:
+        async with cur.copy(own.copy_jobs) as copy:
             copy.set_types(COPY_TYPES)
             for row in rows:
                 await copy.write_row(row)

@@ -1,8 +1,8 @@
-"""The SQL that only the insert path sends, named and composed once per schema.
+"""The SQL of the insert path, named and composed once per schema.
 
-The common single-row INSERT, the COPY and the NOTIFY of a batch are shared with the runtime
-and live in `runtime_statements`; these serve unique keys (`ON CONFLICT DO NOTHING`, then the
-existing job read back), sealed rows (their id reserved first) and the reservation of ids.
+The single-row INSERT, the COPY of a batch, unique keys (`ON CONFLICT DO NOTHING`, then the
+existing job read back), sealed rows (their id reserved first) and the reservation of ids;
+only the NOTIFY of a batch's queues is shared with the runtime (`runtime_statements`).
 Table names go through `psycopg.sql.Identifier` (`runtime_statements.compose`); values are
 always bound parameters.
 """
@@ -14,6 +14,39 @@ from dataclasses import dataclass
 
 from shigoto.db import runtime_statements as statements
 from shigoto.job import JOB_COLUMNS
+
+# One job, one statement: it notifies by itself when the job is available now.
+_INSERT_ONE = """
+WITH input AS (
+    SELECT coalesce(%(scheduled_at)s::timestamptz,
+                    now() + make_interval(secs => %(delay)s::float8)) AS at
+), ins AS (
+    INSERT INTO {jobs} (queue, worker, args, state, priority, max_attempts, timeout,
+                        scheduled_at, tags, meta, depends_on, on_parent_failure, batch_id,
+                        partition_key)
+    SELECT %(queue)s, %(worker)s, %(args)s,
+           CASE WHEN input.at <= now() THEN {available} ELSE {scheduled} END,
+           %(priority)s, %(max_attempts)s, %(timeout)s, input.at, %(tags)s, %(meta)s,
+           %(depends_on)s::bigint[], %(on_parent_failure)s, %(batch_id)s, %(partition_key)s
+    FROM input
+    RETURNING id, queue, state, scheduled_at, inserted_at
+)
+-- The NOTIFY is delivered at commit, so a rolled-back enqueue wakes nobody. Only what the
+-- database assigned comes back: the client knows the rest (client._job).
+SELECT ins.id, ins.state, ins.scheduled_at, ins.inserted_at,
+       CASE WHEN ins.state = {available}
+            THEN pg_notify({channel}, {schema_name} || '.' || ins.queue) END IS NULL AS _woke
+FROM ins
+"""
+
+# Binary: the client sends typed values (see copy_dumpers.COPY_TYPES), nothing to escape or parse.
+_COPY_JOBS = """
+COPY {jobs} (id, queue, worker, args, state, priority, max_attempts, timeout,
+             scheduled_at, inserted_at, tags, meta, depends_on, on_parent_failure, batch_id,
+             partition_key)
+FROM STDIN (FORMAT BINARY)
+"""
+
 
 # Rows with a unique key: the rows are computed by the client exactly as for COPY (reserved
 # ids, the database's clock), sent as parallel arrays in one statement. Tags travel as jsonb
@@ -111,9 +144,10 @@ SELECT {", ".join(JOB_COLUMNS)} FROM {{jobs}} WHERE unique_key = ANY(%(keys)s::t
 
 @dataclass(frozen=True, slots=True)
 class InsertStatements:
-    """The insert path's own statements, composed for one schema (the ones it shares with the
-    runtime, such as `insert_one` and `copy_jobs`, are `runtime_statements`')."""
+    """The insert path's statements, composed for one schema (this module holds them all)."""
 
+    insert_one: str
+    copy_jobs: str
     insert_unique: str
     insert_one_unique: str
     insert_one_sealed: str
@@ -124,6 +158,8 @@ class InsertStatements:
 @functools.cache
 def insert_statements(schema: str) -> InsertStatements:
     return InsertStatements(
+        insert_one=statements.compose(_INSERT_ONE, schema),
+        copy_jobs=statements.compose(_COPY_JOBS, schema),
         insert_unique=statements.compose(_INSERT_UNIQUE, schema),
         insert_one_unique=statements.compose(_INSERT_ONE_UNIQUE, schema),
         insert_one_sealed=statements.compose(_INSERT_ONE_SEALED, schema),

@@ -120,7 +120,7 @@ def _write_many(
     how = plan(specs)
     own = insert_statements(stmts.schema)
     if how == "one":  # one statement: atomic without a transaction of ours
-        cur.execute(stmts.insert_one, specs[0].as_params())  # it notifies itself
+        cur.execute(own.insert_one, specs[0].as_params())  # it notifies itself
         returned = cur.fetchone()
         assert returned is not None
         return [(new_job(specs[0], one_row(specs[0], returned)), False)]
@@ -150,7 +150,7 @@ def _write_many(
     result: list[Written]
     if how == "copy":
         prepare_copy(cur)
-        with cur.copy(stmts.copy_jobs) as copy:
+        with cur.copy(own.copy_jobs) as copy:
             copy.set_types(COPY_TYPES)
             for row in rows:
                 copy.write_row(row)

@@ -1,7 +1,7 @@
-"""The runner's SQL: the statements of a job's life in the engine (insert, claim, complete, put
-back, stage, rescue, archive) and of its services (nodes, leadership, global limits), named
-and composed once per schema. Features keep theirs beside it, one `<feature>_statements`
-module each.
+"""The runner's SQL: the statements of a job's life in the engine (claim, complete, put back,
+stage, rescue, archive) and of its services (nodes, leadership, global limits), named and
+composed once per schema. The insert path keeps its own in `insert_statements`, and features
+theirs beside it, one `<feature>_statements` module each.
 
 Table names go through `psycopg.sql.Identifier`; nothing user-supplied is ever formatted into
 SQL text. Statements are plain strings afterwards so psycopg can prepare them server-side.
@@ -28,45 +28,6 @@ ON_DISCARD_PENDING = "on_discard_pending"
 # Named, not `*`: the archive's columns are the jobs table's plus archived_at, and columns added
 # by later migrations land in a different position in each table.
 _COLUMNS = ", ".join(JOB_COLUMNS)
-
-_INSERT_ONE = """
-WITH input AS (
-    SELECT coalesce(%(scheduled_at)s::timestamptz,
-                    now() + make_interval(secs => %(delay)s::float8)) AS at
-), ins AS (
-    INSERT INTO {jobs} (queue, worker, args, state, priority, max_attempts, timeout,
-                        scheduled_at, tags, meta, depends_on, on_parent_failure, batch_id,
-                        partition_key)
-    SELECT %(queue)s, %(worker)s, %(args)s,
-           CASE WHEN input.at <= now() THEN {available} ELSE {scheduled} END,
-           %(priority)s, %(max_attempts)s, %(timeout)s, input.at, %(tags)s, %(meta)s,
-           %(depends_on)s::bigint[], %(on_parent_failure)s, %(batch_id)s, %(partition_key)s
-    FROM input
-    RETURNING id, queue, state, scheduled_at, inserted_at
-)
--- The NOTIFY is delivered at commit, so a rolled-back enqueue wakes nobody. Only what the
--- database assigned comes back: the client knows the rest (client._job).
-SELECT ins.id, ins.state, ins.scheduled_at, ins.inserted_at,
-       CASE WHEN ins.state = {available}
-            THEN pg_notify({channel}, {schema_name} || '.' || ins.queue) END IS NULL AS _woke
-FROM ins
-"""
-
-# One round trip reserves ids and reads the database clock, so bulk inserts are timed by the
-# database, never by the client's clock.
-_RESERVE_IDS = """
-SELECT now() AS now,
-       array(SELECT nextval(pg_get_serial_sequence({jobs_name}, 'id'))
-             FROM generate_series(1, %(count)s)) AS ids
-"""
-
-# Binary: the client sends typed values (see client._COPY_TYPES), nothing to escape or parse.
-_COPY_JOBS = """
-COPY {jobs} (id, queue, worker, args, state, priority, max_attempts, timeout,
-             scheduled_at, inserted_at, tags, meta, depends_on, on_parent_failure, batch_id,
-             partition_key)
-FROM STDIN (FORMAT BINARY)
-"""
 
 _NOTIFY_QUEUES = """
 SELECT pg_notify({channel}, {schema_name} || '.' || q) FROM unnest(%(queues)s::text[]) AS q
@@ -478,9 +439,6 @@ class Statements:
     """The runtime statements of one schema."""
 
     schema: str
-    insert_one: str
-    reserve_ids: str
-    copy_jobs: str
     notify_queues: str
     claim: str
     slots_held: str
@@ -587,9 +545,6 @@ def claim(
 def statements(schema: str) -> Statements:
     """Compose (once) every statement for `schema`."""
     templates = {
-        "insert_one": _INSERT_ONE,
-        "reserve_ids": _RESERVE_IDS,
-        "copy_jobs": _COPY_JOBS,
         "notify_queues": _NOTIFY_QUEUES,
         "slots_held": _SLOTS_HELD,
         "complete": _COMPLETE,

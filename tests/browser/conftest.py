@@ -52,8 +52,12 @@ def chromium_path() -> str:
     return path
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def browser(chromium_path: str) -> Iterator[Browser]:
+    """One chromium for a run of the module's tests: each test's page has a context of its own
+    (its own cookies, storage and cache), so sharing the browser process only saves starting
+    Playwright's driver and chromium for every test. Module-scoped, so it is stopped before a
+    test of another module runs (Playwright's sync API keeps an event loop of its own)."""
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=chromium_path, headless=True)
         yield launched

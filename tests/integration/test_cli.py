@@ -1,36 +1,26 @@
-"""The `shigoto` command, run as a real process against a real database.
+"""The `shigoto` command against a real database: exit codes, stdout and stderr are what an
+operator (or a script) sees. Errors must be one clear line, never a traceback.
 
-Each call is `python -m shigoto.cli ...` in a subprocess: exit codes, stdout and stderr are what
-an operator (or a script) sees. Errors must be one clear line, never a traceback.
+Most calls run the command's `main()` in this process (`shigoto_cli`, tests/support/cli.py);
+at least one test of each command, and every `shigoto run`, runs it as a real process
+(`shigoto_process`): the exit status the shell sees, piped output, the environment passed on.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
 import shigoto
+from tests.support.cli import shigoto_cli, shigoto_process
 
-ROOT = Path(__file__).resolve().parents[2]
+__all__ = ["ok", "refused", "rows", "shigoto_cli", "shigoto_process", "state_of"]
+
 WORKER = "tests.support.process_workers.echo"
-
-
-def shigoto_cli(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    full_env = {
-        **os.environ, "PYTHONPATH": str(ROOT), "SHIGOTO_DATABASE_URL": url,
-        "SHIGOTO_LOG_LEVEL": "warning", **env,
-    }  # fmt: skip
-    return subprocess.run(
-        [sys.executable, "-m", "shigoto.cli", *args], cwd=ROOT, env=full_env,
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> Any:
@@ -62,8 +52,9 @@ def state_of(conn: psycopg.Connection[Any], job_id: int) -> str:
 def test_enqueue_prints_the_job_and_writes_the_row(
     db_url: str, conn: psycopg.Connection[Any]
 ) -> None:
-    out = ok(shigoto_cli(db_url, "enqueue", WORKER, "--args", '{"to": "a@example.com", "n": 2}',
-                         "--queue", "q", "--priority", "3"))  # fmt: skip
+    args = '{"to": "a@example.com", "n": 2}'
+    out = ok(shigoto_process(db_url, "enqueue", WORKER, "--args", args, "--queue", "q",
+                             "--priority", "3"))  # fmt: skip
     assert isinstance(out["id"], int)
     assert out["queue"] == "q"
     assert out["state"] == "available"
@@ -120,7 +111,7 @@ def test_status_table_piped_shows_whole_names(db_url: str) -> None:
     """Captured output has no screen width to fit: names and headers must not be cut."""
     queue = "a-rather-long-queue-name-for-the-billing-service"
     shigoto.enqueue(WORKER, {}, queue=queue)
-    result = shigoto_cli(db_url, "status")
+    result = shigoto_process(db_url, "status")
     assert result.returncode == 0, result.stderr
     assert queue in result.stdout
     for state in shigoto.JobState:
@@ -163,7 +154,7 @@ def test_bulk_command_without_a_filter_is_refused(
     db_url: str, conn: psycopg.Connection[Any], command: str
 ) -> None:
     job = shigoto.enqueue(WORKER, {})
-    stderr = refused(shigoto_cli(db_url, command))
+    stderr = refused(shigoto_process(db_url, command))
     assert "filter" in stderr
     assert state_of(conn, job.id) == "available"
 
@@ -186,21 +177,23 @@ def test_bad_state_filter_is_refused(db_url: str) -> None:
     ids=["status", "status-json", "enqueue", "cancel", "retry", "run"],
 )
 def test_database_without_the_schema_says_to_migrate(empty_db_url: str, args: tuple[str]) -> None:
-    stderr = refused(shigoto_cli(empty_db_url, *args))
+    call = shigoto_process if args[0] == "run" else shigoto_cli
+    stderr = refused(call(empty_db_url, *args))
     assert "shigoto migrate" in stderr
 
 
 def test_unreachable_database_is_a_clear_error() -> None:
     url = "postgresql://nobody@127.0.0.1:1/nothing?connect_timeout=2"
-    stderr = refused(shigoto_cli(url, "migrate"))
+    stderr = refused(shigoto_process(url, "migrate"))
     assert "database" in stderr
 
 
 def test_schema_flag_wins_over_the_env_var(empty_db_url: str) -> None:
-    result = shigoto_cli(empty_db_url, "migrate", "--schema", "from_flag", SHIGOTO_SCHEMA="env")
+    result = shigoto_process(empty_db_url, "migrate", "--schema", "from_flag",
+                             SHIGOTO_SCHEMA="env")  # fmt: skip
     assert result.returncode == 0, result.stderr
-    out = ok(shigoto_cli(empty_db_url, "enqueue", WORKER, "--schema", "from_flag",
-                         SHIGOTO_SCHEMA="env"))  # fmt: skip
+    out = ok(shigoto_process(empty_db_url, "enqueue", WORKER, "--schema", "from_flag",
+                             SHIGOTO_SCHEMA="env"))  # fmt: skip
     with psycopg.connect(empty_db_url) as conn:
         found = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
         row = conn.execute("SELECT id FROM from_flag.shigoto_jobs").fetchone()

@@ -17,7 +17,7 @@ import shigoto
 from shigoto import telemetry
 from shigoto.cli.commands import redact
 from shigoto.cron.definitions import load_file
-from tests.integration.test_cli import ok, refused, shigoto_cli, state_of
+from tests.integration.test_cli import ok, refused, shigoto_cli, shigoto_process, state_of
 from tests.support.http_probe import http_get
 from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import wait_until
@@ -30,7 +30,7 @@ ECHO = WORKERS + ".echo"
 
 
 def test_version(db_url: str) -> None:
-    result = shigoto_cli(db_url, "--version")
+    result = shigoto_process(db_url, "--version")
     assert result.returncode == 0
     assert result.stdout.strip() == f"shigoto {shigoto.__version__}"
 
@@ -59,7 +59,7 @@ def test_a_bad_env_var_names_itself_and_never_breaks_help(db_url: str) -> None:
     for args in (("--help",), ("run", "--help")):
         result = shigoto_cli(db_url, *args, **env)
         assert result.returncode == 0, result.stderr
-    stderr = refused(shigoto_cli(db_url, "run", "--import", WORKERS, **env))
+    stderr = refused(shigoto_process(db_url, "run", "--import", WORKERS, **env))
     assert "SHIGOTO_POLL_INTERVAL" in stderr and "abc" in stderr
 
 
@@ -68,14 +68,14 @@ def test_the_health_port_in_use_is_a_clear_error(db_url: str) -> None:
         taken.bind(("0.0.0.0", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        stderr = refused(shigoto_cli(db_url, "run", "--import", WORKERS, "--health-port",
-                                     str(port)))  # fmt: skip
+        stderr = refused(shigoto_process(db_url, "run", "--import", WORKERS, "--health-port",
+                                         str(port)))  # fmt: skip
     assert f"--health-port {port}" in stderr and "cannot listen" in stderr
 
 
 def test_database_errors_never_show_the_password() -> None:
     url = "postgresql://app:s3cret-Pa55@127.0.0.1:1/app?connect_timeout=2"
-    stderr = refused(shigoto_cli(url, "status"))
+    stderr = refused(shigoto_process(url, "status"))
     assert "s3cret-Pa55" not in stderr
     assert "cannot reach the database" in stderr
     assert redact("failed for postgresql://app:s3cret-Pa55@db/app") == (
@@ -86,7 +86,7 @@ def test_database_errors_never_show_the_password() -> None:
 
 def test_run_without_migrating_still_gives_the_servers_reason() -> None:
     url = "postgresql://app:pw@127.0.0.1:1/app"
-    stderr = refused(shigoto_cli(url, "run", "--no-migrate", "--import", WORKERS))
+    stderr = refused(shigoto_process(url, "run", "--no-migrate", "--import", WORKERS))
     assert "Connection refused" in stderr, stderr
 
 
@@ -113,7 +113,7 @@ def test_pause_and_resume_from_the_cli_show_in_status(db_url: str) -> None:
     assert "PAUSED" in text.stdout and "emails" in text.stdout and "billing" in text.stdout
     assert ok(shigoto_cli(db_url, "resume", "emails")) == {"queue": "emails", "paused": False}
     assert ok(shigoto_cli(db_url, "status", "--json"))["queues"].get("emails") is None
-    assert "queue" in refused(shigoto_cli(db_url, "pause", "bad queue"))
+    assert "queue" in refused(shigoto_process(db_url, "pause", "bad queue"))
 
 
 def test_pause_queue_api_emits_telemetry(db_url: str, conn: psycopg.Connection[Any]) -> None:
@@ -190,7 +190,7 @@ def test_prune_now_with_retention_from_flag_or_env(
     conn.execute("UPDATE shigoto_jobs SET state = 'completed', attempt = 1,"
                  " finished_at = now(), completed_at = now() WHERE id = %s", (new.id,))  # fmt: skip
     assert ok(shigoto_cli(db_url, "prune")) == {"archived": 0, "deleted": 0}
-    assert ok(shigoto_cli(db_url, "prune", SHIGOTO_PRUNE_AFTER="3600")) == {
+    assert ok(shigoto_process(db_url, "prune", SHIGOTO_PRUNE_AFTER="3600")) == {
         "archived": 1, "deleted": 0}  # fmt: skip
     assert ok(shigoto_cli(db_url, "prune", "--prune-after", "0", "--archive-retention",
                           "0")) == {"archived": 1, "deleted": 2}  # fmt: skip

@@ -11,7 +11,7 @@ import pytest
 import shigoto
 from shigoto import config
 from shigoto.errors import ConfigurationError
-from tests.integration.test_cli import refused, shigoto_cli
+from tests.integration.test_cli import refused, shigoto_cli, shigoto_process
 
 GOOD = ["default", "emails", "a", "0", "billing.eu-1", "Q_2", "q" * 128]
 BAD = ["a b", "-x", ".x", "_x", "emails/eu", "é", "x;y", "emails\n", "q" * 129, ""]
@@ -47,9 +47,9 @@ def test_the_database_refuses_bad_names_too(name: str, conn: psycopg.Connection[
 
 def test_cli_refuses_bad_queue_names(db_url: str) -> None:
     assert "queue" in refused(shigoto_cli(db_url, "enqueue", "w", "--queue", "emails/eu"))
-    assert "queue name" in refused(shigoto_cli(db_url, "run", "--queue", "emails/eu=1"))
+    assert "queue name" in refused(shigoto_process(db_url, "run", "--queue", "emails/eu=1"))
     assert "queue name" in refused(
-        shigoto_cli(db_url, "run", SHIGOTO_QUEUES="default=1,emails/eu=2")
+        shigoto_process(db_url, "run", SHIGOTO_QUEUES="default=1,emails/eu=2")
     )
 
 

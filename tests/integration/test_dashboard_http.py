@@ -24,8 +24,7 @@ from shigoto.dashboard.auth import SECURITY_HEADERS
 TOKEN = "a-dashboard-token-for-tests"
 
 
-@pytest.fixture
-def static_dir(tmp_path: Path) -> Path:
+def make_static_dir(tmp_path: Path) -> Path:
     root = tmp_path / "static"
     (root / "views").mkdir(parents=True)
     (root / "index.html").write_text("<!doctype html><title>t</title>")
@@ -37,11 +36,32 @@ def static_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def server(db_url: str, static_dir: Path) -> Iterator[DashboardServer]:
-    d = Dashboard([Source("default", db_url)], token=TOKEN, static_dir=static_dir,
+def static_dir(tmp_path: Path) -> Path:
+    return make_static_dir(tmp_path)
+
+
+def serving(url: str, static_dir: Path) -> DashboardServer:
+    d = Dashboard([Source("default", url)], token=TOKEN, static_dir=static_dir,
                   loopback_only=True, poll_interval=0.2)  # fmt: skip
     s = DashboardServer(d, "127.0.0.1", 0)
     s.start()
+    return s
+
+
+@pytest.fixture
+def server(db_url: str, static_dir: Path) -> Iterator[DashboardServer]:
+    s = serving(db_url, static_dir)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def read_only_server(
+    read_only_db_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DashboardServer]:
+    """One server for the module's tests whose requests change nothing: each is answered from
+    what the server reads, or refused."""
+    s = serving(read_only_db_url, make_static_dir(tmp_path_factory.mktemp("dashboard")))
     yield s
     s.stop()
 
@@ -78,9 +98,9 @@ def request(
     ],
 )
 def test_every_answer_carries_the_security_headers(
-    server: DashboardServer, method: str, path: str, status: int, content_type: str
+    read_only_server: DashboardServer, method: str, path: str, status: int, content_type: str
 ) -> None:
-    got, headers, _ = request(server, method, path)
+    got, headers, _ = request(read_only_server, method, path)
     assert got == status
     assert headers["Content-Type"] == content_type
     for name, value in SECURITY_HEADERS.items():
@@ -105,23 +125,26 @@ def test_every_answer_carries_the_security_headers(
     ],
 )
 def test_static_paths_outside_files_or_to_directories_are_404(
-    server: DashboardServer, path: str
+    read_only_server: DashboardServer, path: str
 ) -> None:
-    status, headers, body = request(server, "GET", path)
+    status, headers, body = request(read_only_server, "GET", path)
     assert status == 404
     assert b"outside the static directory" not in body and b"<!doctype" not in body
     assert headers["X-Content-Type-Options"] == "nosniff"
 
 
-def test_a_nested_static_file_is_served(server: DashboardServer) -> None:
-    status, _, body = request(server, "GET", "/static/views/jobs.js")
+def test_a_nested_static_file_is_served(read_only_server: DashboardServer) -> None:
+    status, _, body = request(read_only_server, "GET", "/static/views/jobs.js")
     assert status == 200 and body == b"export {};"
 
 
-def test_a_foreign_host_name_is_refused_on_a_loopback_dashboard(server: DashboardServer) -> None:
-    status, headers, _ = request(server, "GET", "/api/session", {"Host": "evil.example:8080"})
+def test_a_foreign_host_name_is_refused_on_a_loopback_dashboard(
+    read_only_server: DashboardServer,
+) -> None:
+    status, headers, _ = request(read_only_server, "GET", "/api/session",
+                                 {"Host": "evil.example:8080"})  # fmt: skip
     assert status == 403 and headers["X-Frame-Options"] == "DENY"
-    assert request(server, "GET", "/api/session", {"Host": "localhost"})[0] == 200
+    assert request(read_only_server, "GET", "/api/session", {"Host": "localhost"})[0] == 200
 
 
 def _read_until(sock: socket.socket, marker: bytes, seen: bytearray) -> bytes:
@@ -143,8 +166,10 @@ def test_the_event_stream_sends_change_after_an_enqueue(server: DashboardServer)
         assert b"Content-Type: text/event-stream" in head and b"retry: 5000" in head
         assert b"Content-Security-Policy" in head
         shigoto.enqueue("app.w", {"n": 1})
+        # Up to the event's end: a read past it would wait for the next keepalive (15 s).
         text = _read_until(sock, b"event: change\ndata: ", seen)
-        assert re.search(rb'event: change\ndata: \{"at": "[^"]+"\}', text + sock.recv(4096))
+        text = _read_until(sock, b"\n\n", bytearray(text.split(b"event: change\n", 1)[1]))
+        assert re.match(rb'data: \{"at": "[^"]+"\}\n\n', text)
 
 
 def test_stop_ends_open_streams_and_closes_pools(db_url: str, static_dir: Path) -> None:

@@ -18,6 +18,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 import shigoto
+from shigoto.clock import ManualClock
 from shigoto.runtime.elector import Elector
 from tests.support.waiting import until
 
@@ -100,15 +101,18 @@ async def test_a_leader_that_stops_renewing_is_replaced_when_its_lease_ends(
     electors: Callable[..., Elector],
 ) -> None:
     """A leader that dies without resigning (SIGKILL, a hung host): nobody takes over before
-    its lease ends, someone does right after, and the dead one's own view expires too."""
-    a, b = electors(), electors()
+    its lease ends, someone does right after, and the dead one's own view expires too. Time
+    is the electors' clock, moved by the test (the lease's SQL is given the clock's now)."""
+    clock = ManualClock()
+    a, b = electors(clock=clock), electors(clock=clock)
     assert await a.run_once() is True
     assert await b.run_once() is False  # a holds a live lease
-    await until(lambda: not a.is_leader, timeout=HANDOVER, message="a's own view expires")
-    for _ in range(int(HANDOVER / TICK)):
-        if await b.run_once():
-            break
-        await asyncio.sleep(TICK)
+    clock.advance(a.ttl - 0.5)
+    assert a.is_leader, "a's lease still runs"
+    assert await b.run_once() is False, "nobody takes over before the lease ends"
+    clock.advance(1.0)
+    assert not a.is_leader, "a's own view expired with its lease"
+    assert await b.run_once() is True, "b takes over right after"
     assert b.is_leader and not a.is_leader
 
 

@@ -1,4 +1,6 @@
-"""`shigoto jobs list|show|delete`, run as a real process against a real database."""
+"""`shigoto jobs list|show|delete` against a real database: in this process (`shigoto_cli`), and
+for each subcommand at least one call as a real process (`shigoto_process`): its piped output
+and its exit status as the shell sees them."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 import shigoto
-from tests.integration.test_cli import ok, refused, shigoto_cli
+from tests.integration.test_cli import ok, refused, shigoto_cli, shigoto_process
 
 ENVELOPE = {"$shigoto_enc": 1, "kid": "k1", "for": {"queue": "secret", "id": 0},
             "nonce": "bm9uY2U", "ct": "Y2lwaGVydGV4dC1uZXZlci1zaG93bg"}  # fmt: skip
@@ -49,14 +51,14 @@ def test_list_pages_filters_and_renders(db_url: str, conn: psycopg.Connection) -
     assert ids("--args-contains", '{"n": 2}') == [b.id]
     assert ids("--archived") == [a.id] and ids("--live") == [c.id, b.id]
 
-    text = shigoto_cli(db_url, "jobs", "list", "--limit", "2")
+    text = shigoto_process(db_url, "jobs", "list", "--limit", "2")
     assert text.returncode == 0, text.stderr
     assert "app.report" in text.stdout and f"--after {first['next']}" in text.stdout
     assert "discarded" in text.stdout
 
 
 def test_list_refusals_name_the_flag(db_url: str) -> None:
-    assert "--after" in refused(shigoto_cli(db_url, "jobs", "list", "--after", "nonsense"))
+    assert "--after" in refused(shigoto_process(db_url, "jobs", "list", "--after", "nonsense"))
     assert "--state" in refused(shigoto_cli(db_url, "jobs", "list", "--state", "done"))
     assert "--limit" in refused(shigoto_cli(db_url, "jobs", "list", "--limit", "5000"))
     assert "--args-contains" in refused(shigoto_cli(db_url, "jobs", "list", "--args-contains",
@@ -83,7 +85,7 @@ def test_show_has_errors_result_progress_meta_and_workflow_relatives(
     of_child = ok(shigoto_cli(db_url, "jobs", "show", str(child.id), "--json"))
     assert [p["id"] for p in of_child["parents"]] == [parent.id] and of_child["children"] == []
 
-    text = shigoto_cli(db_url, "jobs", "show", str(parent.id))
+    text = shigoto_process(db_url, "jobs", "show", str(parent.id))
     assert text.returncode == 0, text.stderr
     assert "ValueError: bad [b]" in text.stdout  # tracebacks are printed, markup-like text too
     assert 'File "app.py", line 3' in text.stdout and "app.child" in text.stdout
@@ -138,5 +140,5 @@ def test_delete_counts_without_yes_deletes_with_it_and_refuses_live_states(
         "deleted": 4
     }
     assert [j.id for j in shigoto.list_jobs(queue="old")] == [waiting.id]
-    again = shigoto_cli(db_url, "jobs", "delete", "--queue", "old", "--yes")
+    again = shigoto_process(db_url, "jobs", "delete", "--queue", "old", "--yes")
     assert again.returncode == 0 and "deleted 0 finished jobs" in again.stdout

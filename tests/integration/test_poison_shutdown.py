@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 import shigoto
+from shigoto.runtime import shutdown
 from tests.support import rescue_workers
 from tests.support.in_process import RESCUE_FAST, in_process_runners
 from tests.support.runner_process import RunnerProcess
@@ -78,8 +79,12 @@ async def test_a_drain_longer_than_rescue_after_is_not_rescued(
 
 
 async def test_a_sync_job_still_on_its_thread_is_not_put_back(
-    conn: psycopg.Connection, tmp_path: Path, in_process: Callable[..., Any]
-) -> None:
+    conn: psycopg.Connection, tmp_path: Path, in_process: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    # The runner waits PUT_BACK_GRACE (5 s) for the perform to stop before it gives up on
+    # putting the job back; a shorter grace here, where the perform never stops at all.
+    monkeypatch.setattr(shutdown, "PUT_BACK_GRACE", 1.0)
     runner = await in_process({"default": 1}, shutdown_timeout=0.5)
     marker = str(tmp_path / "hung")
     job = shigoto.enqueue(rescue_workers.stall, {"marker": marker, "seconds": 20})

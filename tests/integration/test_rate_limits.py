@@ -85,7 +85,7 @@ def assert_no_attempt_consumed(conn: psycopg.Connection, worker: str) -> None:
 def test_fifty_per_ten_seconds_holds_across_three_runners_and_reaches_the_limit(
     conn: psycopg.Connection, runner_processes: Callable[..., RunnerProcess]
 ) -> None:
-    total = 500
+    total = 150  # three periods of the limit: 30 s, at one start every 0.2 s
     enqueue("fifty_per_ten_seconds", total)
     procs = start_runners(runner_processes, 3)
     try:

@@ -49,14 +49,19 @@ def changes() -> Any:
 
 
 def record_claims(runner: shigoto.Runner) -> list[tuple[int | None, list[int]]]:
-    """Each claim from now on: the floor it was made with, and the priorities it returned."""
+    """Each claim from now on: the floor it was made with, and the priorities it returned.
+
+    The shedding plugin reads the floor as the claim is prepared, a few awaits after it was
+    asked for, and the controller may move it meanwhile: a claim whose floor was not the same
+    when it was asked for and when it returned is recorded with floor None (not judged)."""
     claims: list[tuple[int | None, list[int]]] = []
     claim = runner.claimer.claim
 
     async def recording(producer: Producer | None, queue: str, limit: int) -> list[Job]:
         floor = producer.min_priority if producer is not None else None
         jobs = await claim(producer, queue, limit)
-        claims.append((floor, [job.priority for job in jobs]))
+        after = producer.min_priority if producer is not None else None
+        claims.append((floor if floor == after else None, [job.priority for job in jobs]))
         return jobs
 
     runner.claimer.claim = recording  # type: ignore[method-assign]

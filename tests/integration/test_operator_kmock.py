@@ -547,9 +547,10 @@ async def test_stopping_a_database_ends_even_when_its_probe_swallows_the_cancel(
     """Python 3.11's `wait_for` can swallow a cancel that lands as its inner await completes;
     the probe loop is full of them. Stopping must end the loop anyway, within its bound (it
     once slept on, and the release hung for good)."""
-    swallowed = asyncio.Event()
+    swallowed, probing = asyncio.Event(), asyncio.Event()
 
     async def probe_that_swallows_a_cancel() -> DatabaseHealth:
+        probing.set()
         try:
             await asyncio.sleep(0.05)
         except asyncio.CancelledError:
@@ -562,6 +563,10 @@ async def test_stopping_a_database_ends_even_when_its_probe_swallows_the_cancel(
     await asyncio.sleep(0.2)  # the loop has probed a few times
     assert db.health == DatabaseHealth(up=True)
     assert db._prober is not None
+    # Cancel inside a probe (not in the pause between two): once `probing` wakes this test,
+    # the prober is suspended in the probe's sleep.
+    probing.clear()
+    await asyncio.wait_for(probing.wait(), 5)
     db._prober.cancel()  # what the old stop relied on; this probe swallows it
     await asyncio.sleep(0.1)
     assert swallowed.is_set() and not db._prober.done()

@@ -68,10 +68,10 @@ class GlobalLimits:
     transaction and the chain ends with `None`. Queue limits are applied by the claim itself
     (see `count_busy` here).
 
-    `fence` (the limiter's): while it is closed this runner may be counted out by the others,
-    so no limited job starts here (one claimed just before is held for the limiter to put
-    back, and the chain ends with `None`) and every limited worker counts as saturated, so
-    claims leave their jobs in the queue.
+    `fence` (the liveness prover's): while it is closed this runner may be counted out by the
+    others, so no limited job starts here (one claimed just before is held for the liveness
+    prover to put back, and the chain ends with `None`) and every limited worker counts as
+    saturated, so claims leave their jobs in the queue.
     """
 
     name = "global_limits"
@@ -124,7 +124,7 @@ class GlobalLimits:
 
     def _refuse_fenced(self, job: Job) -> None:
         """A limited job claimed as the fence closed: never started; it stays executing
-        until the limiter puts it back, once this runner proves itself again."""
+        until the liveness prover puts it back, once this runner proves itself again."""
         assert self.fence is not None
         self.fence.hold(job)
         log.info("job %s (%s) not started: this runner is fenced off its global limits",

@@ -80,3 +80,16 @@ async def test_when_every_try_fails_it_gives_up_once_logged_and_never_raises(
 async def test_a_part_reaching_for_the_pool_outside_run_gets_a_clear_error() -> None:
     with pytest.raises(RunnerNotRunning, match="not running"):
         RunnerPool(lambda: None)()
+
+
+async def test_a_stopped_runner_does_not_try_and_wait_for_nothing() -> None:
+    """No pool, no try can succeed: it says so at once instead of sleeping between tries."""
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    put_back = PutBack(RunnerPool(lambda: None), statements.statements("public"), NODE,
+                       sleep=sleep)  # fmt: skip
+    assert await put_back([1], why="a test") == []
+    assert slept == []

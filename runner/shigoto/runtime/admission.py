@@ -96,26 +96,34 @@ class Admissions:
                 dones.append(answer.done)
             if answer.verdict is Verdict.RUN:
                 continue
-            await _finish(dones, None, None)
+            if dones:
+                await _finish(dones, None, None)
             if answer.verdict is Verdict.PUT_BACK:
                 await self.put_back([job.id], why=answer.why)
             return None
         try:
             completion = await call_next(job)
         except BaseException as exc:
-            await _finish(dones, None, exc)
+            if dones:
+                await _finish(dones, None, exc)
             raise
-        await _finish(dones, completion, None)
+        if dones:
+            await _finish(dones, completion, None)
         return completion
 
 
 async def _finish(
     dones: list[Done], completion: Completion | None, error: BaseException | None
 ) -> None:
-    """Run the `done` steps innermost first; shielded, so a cancel that ended the attempt
-    cannot also cut short the bookkeeping of its slots and probes."""
+    """Run the `done` steps innermost first. After an attempt that raised (a cancel among
+    others) each is shielded, so the cancel cannot also cut short the bookkeeping of its slots
+    and probes; otherwise they run inline, as the middlewares' own code did, with no task of
+    their own per job."""
     for done in reversed(dones):
-        await asyncio.shield(done(completion, error))
+        if error is None:
+            await done(completion, None)
+        else:
+            await asyncio.shield(done(completion, error))
 
 
 __all__ = ["RUN", "Admission", "Admissions", "Admitted", "Done", "Verdict"]

@@ -89,6 +89,11 @@ class PutBack:
         or when none was still executing here)."""
         if not ids:
             return []
+        if self.pool.get() is None:  # stopped: no try can succeed, the rescuer returns them
+            log.warning("could not put back jobs %s (%s): the runner is not running; they "
+                        "stay executing until the rescuer returns them", list(ids), why,
+                        extra={"node": self.node, "job_ids": list(ids)})  # fmt: skip
+            return []
         attempts = tries or self.tries
         for attempt in range(1, attempts + 1):
             try:

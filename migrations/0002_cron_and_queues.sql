@@ -4,8 +4,10 @@
 -- each slot once, whichever scheduler leads and however often it retries.
 ALTER TABLE shigoto_jobs ADD COLUMN unique_key text;
 ALTER TABLE shigoto_jobs_archive ADD COLUMN unique_key text;
-CREATE UNIQUE INDEX shigoto_jobs_unique_key_idx ON shigoto_jobs (unique_key)
+-- @step
+CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS shigoto_jobs_unique_key_idx ON shigoto_jobs (unique_key)
     WHERE unique_key IS NOT NULL;
+-- @step
 
 CREATE TABLE shigoto_cron (
     name            text        PRIMARY KEY,

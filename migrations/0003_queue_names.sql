@@ -22,7 +22,7 @@ $$;
 
 ALTER TABLE shigoto_jobs DROP CONSTRAINT IF EXISTS shigoto_jobs_queue_name_check;
 ALTER TABLE shigoto_jobs ADD CONSTRAINT shigoto_jobs_queue_name_check
-    CHECK (queue ~ '^[A-Za-z0-9][A-Za-z0-9._-]*$' AND char_length(queue) <= 128);
+    CHECK (queue ~ '^[A-Za-z0-9][A-Za-z0-9._-]*$' AND char_length(queue) <= 128) NOT VALID;
 
 ALTER TABLE shigoto_cron DROP CONSTRAINT IF EXISTS shigoto_cron_queue_name_check;
 ALTER TABLE shigoto_cron ADD CONSTRAINT shigoto_cron_queue_name_check
@@ -31,3 +31,6 @@ ALTER TABLE shigoto_cron ADD CONSTRAINT shigoto_cron_queue_name_check
 ALTER TABLE shigoto_queues DROP CONSTRAINT IF EXISTS shigoto_queues_name_check;
 ALTER TABLE shigoto_queues ADD CONSTRAINT shigoto_queues_name_check
     CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9._-]*$' AND char_length(name) <= 128);
+
+-- @step: the scan of every job, holding no lock that enqueue or claim waits for
+ALTER TABLE shigoto_jobs VALIDATE CONSTRAINT shigoto_jobs_queue_name_check;

@@ -20,6 +20,7 @@ ALTER TABLE shigoto_jobs DROP CONSTRAINT IF EXISTS shigoto_jobs_result_size_chec
 ALTER TABLE shigoto_jobs ADD CONSTRAINT shigoto_jobs_result_size_check
     CHECK (result IS NULL OR pg_column_size(result) <= 33554432) NOT VALID;
 
+-- @step: validated apart, where the scan blocks no writer
 DO $$
 DECLARE
     name text;

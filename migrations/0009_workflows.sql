@@ -22,9 +22,11 @@ ALTER TABLE shigoto_jobs_archive ADD COLUMN IF NOT EXISTS has_dependents boolean
 -- indexed, so the index stays as small as the set of jobs waiting right now. fastupdate off:
 -- children are looked up right after they are inserted, and a pending list (up to 4 MB until
 -- the next vacuum) would be scanned by every lookup.
-CREATE INDEX IF NOT EXISTS shigoto_jobs_waiting_children_idx ON shigoto_jobs
+-- @step
+CREATE INDEX CONCURRENTLY IF NOT EXISTS shigoto_jobs_waiting_children_idx ON shigoto_jobs
     USING gin (depends_on) WITH (fastupdate = off)
     WHERE state = 'scheduled' AND depends_on IS NOT NULL;
+-- @step
 
 -- The error entry a child cancelled because of its parent carries (the CONTRACT's shape).
 CREATE OR REPLACE FUNCTION shigoto_parent_failed_error(attempt integer, parent bigint,

@@ -37,10 +37,13 @@ CREATE TABLE IF NOT EXISTS shigoto_batches (
 
 -- Pruning asks whether a batch still has jobs, in either table; plain jobs (batch_id NULL)
 -- never enter these indexes.
-CREATE INDEX IF NOT EXISTS shigoto_jobs_batch_idx ON shigoto_jobs (batch_id)
+-- @step
+CREATE INDEX CONCURRENTLY IF NOT EXISTS shigoto_jobs_batch_idx ON shigoto_jobs (batch_id)
     WHERE batch_id IS NOT NULL;
-CREATE INDEX IF NOT EXISTS shigoto_jobs_archive_batch_idx ON shigoto_jobs_archive (batch_id)
+-- @step
+CREATE INDEX CONCURRENTLY IF NOT EXISTS shigoto_jobs_archive_batch_idx ON shigoto_jobs_archive (batch_id)
     WHERE batch_id IS NOT NULL;
+-- @step
 
 -- Enqueue the callbacks of batch `b` (a row already locked by the caller's UPDATE) if it is
 -- sealed, every job of it has finished and nobody enqueued them yet. Returns whether it did.

@@ -12,4 +12,7 @@ ALTER TABLE shigoto_jobs_archive ADD COLUMN IF NOT EXISTS partition_key text;
 -- logs and telemetry.
 ALTER TABLE shigoto_jobs DROP CONSTRAINT IF EXISTS shigoto_jobs_partition_key_check;
 ALTER TABLE shigoto_jobs ADD CONSTRAINT shigoto_jobs_partition_key_check
-    CHECK (partition_key IS NULL OR length(partition_key) BETWEEN 1 AND 200);
+    CHECK (partition_key IS NULL OR length(partition_key) BETWEEN 1 AND 200) NOT VALID;
+
+-- @step: the scan of every job, holding no lock that enqueue or claim waits for
+ALTER TABLE shigoto_jobs VALIDATE CONSTRAINT shigoto_jobs_partition_key_check;

@@ -59,6 +59,7 @@ ALTER TABLE shigoto_queues ADD CONSTRAINT shigoto_queues_rate_limit_check
 -- a partition with a backlog of millions costs what one with ten does. A job without a key is
 -- in partition '' (a key is never empty: migration 0014), which keeps NULL indexable by `=`.
 -- Partial like the claim index: finished rows never enter it.
-CREATE INDEX IF NOT EXISTS shigoto_jobs_fair_claim_idx
+-- @step
+CREATE INDEX CONCURRENTLY IF NOT EXISTS shigoto_jobs_fair_claim_idx
     ON shigoto_jobs (queue, (coalesce(partition_key, '')), priority DESC, scheduled_at, id)
     WHERE state = 'available';

@@ -8,15 +8,22 @@
 -- range read backwards from the cursor. Both columns never change after insert. State is
 -- left to the existing partial indexes (claim, stage, executing, finished) and the primary
 -- key: a (state, id) index would take a new entry on every transition of every job.
-CREATE INDEX IF NOT EXISTS shigoto_jobs_queue_list_idx ON shigoto_jobs (queue, id);
-CREATE INDEX IF NOT EXISTS shigoto_jobs_worker_list_idx ON shigoto_jobs (worker, id);
+-- @step
+CREATE INDEX CONCURRENTLY IF NOT EXISTS shigoto_jobs_queue_list_idx ON shigoto_jobs (queue, id);
+-- @step
+CREATE INDEX CONCURRENTLY IF NOT EXISTS shigoto_jobs_worker_list_idx ON shigoto_jobs (worker, id);
+-- @step
 
 -- Archive: rows are written once, in batches by the pruner, and never updated, so its
 -- indexes cost nothing on any job's path; it gets every filter the live table has.
-CREATE INDEX IF NOT EXISTS shigoto_jobs_archive_queue_list_idx
+-- @step
+CREATE INDEX CONCURRENTLY IF NOT EXISTS shigoto_jobs_archive_queue_list_idx
     ON shigoto_jobs_archive (queue, id);
-CREATE INDEX IF NOT EXISTS shigoto_jobs_archive_worker_list_idx
+-- @step
+CREATE INDEX CONCURRENTLY IF NOT EXISTS shigoto_jobs_archive_worker_list_idx
     ON shigoto_jobs_archive (worker, id);
-CREATE INDEX IF NOT EXISTS shigoto_jobs_archive_state_list_idx
+-- @step
+CREATE INDEX CONCURRENTLY IF NOT EXISTS shigoto_jobs_archive_state_list_idx
     ON shigoto_jobs_archive (state, id);
-CREATE INDEX IF NOT EXISTS shigoto_jobs_archive_tags_idx ON shigoto_jobs_archive USING gin (tags);
+-- @step
+CREATE INDEX CONCURRENTLY IF NOT EXISTS shigoto_jobs_archive_tags_idx ON shigoto_jobs_archive USING gin (tags);

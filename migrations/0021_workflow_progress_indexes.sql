@@ -10,11 +10,14 @@
 -- index of the table (a state change is never a HOT update: state is in index predicates).
 
 -- The live steps of workflows, by workflow id: which workflows still have work left.
-CREATE INDEX IF NOT EXISTS shigoto_jobs_workflow_live_idx
+-- @step
+CREATE INDEX CONCURRENTLY IF NOT EXISTS shigoto_jobs_workflow_live_idx
     ON shigoto_jobs ((meta -> 'workflow' ->> 'id'), id)
     WHERE meta ? 'workflow' AND state IN ('scheduled', 'available', 'executing', 'retryable');
+-- @step
 
 -- Every step of a workflow, finished ones included, for its counts.
-CREATE INDEX IF NOT EXISTS shigoto_jobs_workflow_idx
+-- @step
+CREATE INDEX CONCURRENTLY IF NOT EXISTS shigoto_jobs_workflow_idx
     ON shigoto_jobs ((meta -> 'workflow' ->> 'id'))
     WHERE meta ? 'workflow';

@@ -7,6 +7,8 @@
 -- jobs, dropping that entry gave 17 % more jobs a second. The filters that read it
 -- (shigoto.client.jobs, shigoto.ops.operations) repeat the predicate, which is what lets the
 -- planner use a partial index.
-CREATE INDEX IF NOT EXISTS shigoto_jobs_tagged_idx ON shigoto_jobs USING gin (tags)
+-- @step
+CREATE INDEX CONCURRENTLY IF NOT EXISTS shigoto_jobs_tagged_idx ON shigoto_jobs USING gin (tags)
     WHERE cardinality(tags) > 0;
-DROP INDEX IF EXISTS shigoto_jobs_tags_idx;
+-- @step
+DROP INDEX CONCURRENTLY IF EXISTS shigoto_jobs_tags_idx;

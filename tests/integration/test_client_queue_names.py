@@ -54,14 +54,13 @@ def test_cli_refuses_bad_queue_names(db_url: str) -> None:
 
 
 def test_migration_names_the_row_that_breaks_the_rule(empty_db_url: str) -> None:
-    from shigoto.db.migrate import load_migrations
+    from tests.support.migrations import migration, run_steps
 
     with psycopg.connect(empty_db_url) as c:
-        for m in load_migrations():
-            if m.version < 3:
-                c.execute(m.sql.encode())
+        for version in (1, 2):
+            run_steps(c, version)
         c.execute("INSERT INTO shigoto_jobs (queue, worker) VALUES ('old queue', 'w')")
         c.commit()
-        rule = next(m for m in load_migrations() if m.version == 3)
+        rule = migration(3).steps[0]
         with pytest.raises(psycopg.errors.RaiseException, match="old queue"):
             c.execute(rule.sql.encode())

@@ -16,11 +16,11 @@ import shigoto
 from shigoto.client import job_filters, job_steps
 from shigoto.client import jobs as job_api
 from shigoto.db import insert_encryption
-from shigoto.db.migrate import load_migrations
 from shigoto.encryption import ENV_VAR, DecryptionError, Key, KeyRing, is_envelope, sealing
 from shigoto.ops import operations as ops
 from tests.support import encryption_workers
 from tests.support.in_process import running
+from tests.support.migrations import run_steps
 from tests.support.plans import indexes_used
 from tests.support.waiting import db_now, until
 
@@ -396,8 +396,7 @@ def test_migration_0019_makes_the_listing_indexes_and_runs_again_unchanged(
         return {r[0] for r in rows}
 
     assert listing_indexes() == LISTING_INDEXES
-    migration = next(m for m in load_migrations() if m.version == 19)
-    conn.execute(migration.sql)  # type: ignore[arg-type]
+    run_steps(conn, 19)
     assert listing_indexes() == LISTING_INDEXES
 
 
@@ -423,6 +422,5 @@ def test_the_tags_index_holds_tagged_jobs_only_and_both_tag_filters_can_use_it(
         assert "shigoto_jobs_tagged_idx" in indexes_used(plan[0][0]["Plan"])  # type: ignore[index]
         assert conn.execute(query, params).fetchall() == [(vip.id,)]
 
-    migration = next(m for m in load_migrations() if m.version == 22)
-    conn.execute(migration.sql)  # type: ignore[arg-type]
+    run_steps(conn, 22)
     assert _all(tag="vip") == {vip.id}

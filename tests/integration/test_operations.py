@@ -65,7 +65,7 @@ def test_status_of_an_empty_database() -> None:
     assert st.counts == {} and st.nodes == []
     assert st.as_dict() == {
         "queues": {}, "nodes": [], "cron": [], "workflows": [], "waiting_on_parents": 0,
-        "breakers": [], "cancelling": [],
+        "breakers": [], "cancelling": [], "pending_migrations": [],
     }  # fmt: skip
 
 

@@ -15,8 +15,8 @@ from psycopg_pool import AsyncConnectionPool
 import shigoto
 from shigoto.client import queue_settings
 from shigoto.client.queue_settings import QueueSetting, QueueSettingsWatcher
-from shigoto.db.migrate import load_migrations
 from shigoto.errors import ValidationError
+from tests.support.migrations import run_steps
 
 WORKER = "app.tenant_job"
 
@@ -141,8 +141,7 @@ def test_the_table_accepts_what_the_client_writes(conn: psycopg.Connection) -> N
 
 def test_migration_0017_runs_again_unchanged(conn: psycopg.Connection) -> None:
     shigoto.set_queue("q", fair=True, weight=4)
-    migration = next(m for m in load_migrations() if m.version == 17)
-    conn.execute(migration.sql)  # type: ignore[arg-type]
+    run_steps(conn, 17)
     assert _row(conn, "q")[:2] == (True, 4)  # type: ignore[index]
 
 

@@ -316,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("migrate", help="apply pending migrations (idempotent, concurrency-safe)")
     _common(p)
+    p.add_argument("--sql", action="store_true",
+                   help="print what would run, step by step, and run nothing")  # fmt: skip
     _add_run(sub)
 
     p = sub.add_parser("enqueue", help="enqueue one job by worker name")
@@ -423,8 +425,11 @@ def _fail(args: argparse.Namespace, message: str) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from shigoto.db.migrate import migrate
+    from shigoto.db.migrate import migrate, plan
 
+    if args.sql:
+        print(plan(_database_url(args), schema=args.schema), end="")
+        return 0
     applied = migrate(_database_url(args), schema=args.schema)
     print(f"applied migrations {applied}" if applied else "schema is up to date")
     return 0

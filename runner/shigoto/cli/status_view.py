@@ -157,8 +157,20 @@ def workflows_table(st: Status) -> Table:
     return table
 
 
+def migrations_table(st: Status) -> Table:
+    """Migrations this code has and the database lacks: the schema is behind the code."""
+    table = Table(title="pending migrations: run `shigoto migrate`")
+    for name in ("migration", "steps done"):
+        table.add_column(name)
+    for m in st.pending_migrations:
+        table.add_row(f"{m['version']:04d}_{m['name']}", f"{m['steps_done']}/{m['steps']}")
+    return table
+
+
 def render_status(st: Status, console: Console | None = None) -> None:
     tables = [status_table(st), nodes_table(st)]
+    if st.pending_migrations:
+        tables.insert(0, migrations_table(st))
     if st.cron:
         tables.append(cron_table(st))
     if st.workflows or st.waiting_on_parents:

@@ -21,7 +21,7 @@ import psycopg
 from psycopg import sql
 
 from shigoto import config, telemetry
-from shigoto.db import database, ops_statements, steps
+from shigoto.db import database, migrate, ops_statements, steps
 from shigoto.db import runtime_statements as statements
 from shigoto.db.steps import Steps
 from shigoto.errors import ValidationError
@@ -371,6 +371,9 @@ class Status:
     #: Executing jobs an operator asked to cancel whose perform has not stopped yet, oldest
     #: request first: {"id", "queue", "worker", "node", "since"}.
     cancelling: list[dict[str, Any]] = field(default_factory=list)
+    #: Migrations this code has that the database lacks, oldest first: {"version", "name",
+    #: "steps", "steps_done"} (steps done so far by an upgrade under way or interrupted).
+    pending_migrations: list[dict[str, Any]] = field(default_factory=list)
 
     def setting(self, queue: str) -> dict[str, Any]:
         return self.settings.get(queue, dict(DEFAULT_SETTING))
@@ -398,6 +401,7 @@ class Status:
             "waiting_on_parents": self.waiting_on_parents,
             "breakers": self.breakers,
             "cancelling": self.cancelling,
+            "pending_migrations": self.pending_migrations,
         }
 
 
@@ -497,10 +501,11 @@ def _status_steps(schema: str) -> Steps[Status]:
             {"limit": STATUS_CANCELLING},
         ).rows
     ]  # fmt: skip
+    pending = yield from migrate.pending_steps(schema)
     return Status(counted.by_queue, counted.ages, nodes, cron, settings,
                   [{k: v if k in ("id", "name") else int(v) for k, v in f.items()} for f in flows],
                   int(waiting[0]) if waiting else 0, breakers, counted.exact,
-                  counted.last_hour, cancelling)  # fmt: skip
+                  counted.last_hour, cancelling, pending)  # fmt: skip
 
 
 def _cron_entries(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:

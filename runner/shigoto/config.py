@@ -21,6 +21,15 @@ ENV_WORKER_PREFIXES = "SHIGOTO_WORKER_PREFIXES"
 ENV_CAPACITY = "SHIGOTO_CAPACITY"
 ENV_SHED_TARGET = "SHIGOTO_SHED_TARGET"
 ENV_SHED_INTERVAL = "SHIGOTO_SHED_INTERVAL"
+#: Connections (docs/connections.md): what the database URL goes through, the direct URL for
+#: what needs a session when that is a transaction pooler, and a runner's cap.
+ENV_POOLER = "SHIGOTO_POOLER"
+ENV_DIRECT_DATABASE_URL = "SHIGOTO_DIRECT_DATABASE_URL"
+ENV_MAX_CONNECTIONS = "SHIGOTO_MAX_CONNECTIONS"
+#: `SHIGOTO_POOLER` values: `none` (PostgreSQL itself, or a pooler in session mode) and
+#: `transaction` (PgBouncer's pool_mode=transaction, or any pooler that may hand each
+#: transaction to another server session).
+POOLERS = ("none", "transaction")
 
 DEFAULT_SCHEMA = "public"
 #: The queue of a job enqueued without one.
@@ -119,6 +128,44 @@ def queues_from_env(env: Mapping[str, str] = os.environ) -> dict[str, int]:
 
 def imports_from_env(env: Mapping[str, str] = os.environ) -> list[str]:
     return [m.strip() for m in env.get(ENV_IMPORT, "").split(",") if m.strip()]
+
+
+def pooler(explicit: str | None = None, env: Mapping[str, str] = os.environ) -> str:
+    """What the database URL goes through: the explicit value, else SHIGOTO_POOLER, else
+    `none`; validated, since a typo here would leave prepared statements on behind PgBouncer."""
+    value = (explicit or env.get(ENV_POOLER) or "none").strip().lower()
+    if value not in POOLERS:
+        raise ConfigurationError(
+            f"{ENV_POOLER} / --pooler: {value!r} is not one of {', '.join(POOLERS)}; use "
+            "`transaction` when the database URL goes through PgBouncer in transaction mode"
+        )
+    return value
+
+
+def direct_database_url(
+    explicit: str | None = None, env: Mapping[str, str] = os.environ
+) -> str | None:
+    """The URL that reaches PostgreSQL itself, for what needs a session (LISTEN, the liveness
+    lock, migrations) when the main URL is a transaction pooler; None when not given."""
+    return explicit or env.get(ENV_DIRECT_DATABASE_URL) or None
+
+
+def max_connections(
+    explicit: int | None = None, env: Mapping[str, str] = os.environ
+) -> int | None:
+    """A runner's cap on its connections: the explicit value, else SHIGOTO_MAX_CONNECTIONS,
+    else None (no cap). Whether it is large enough is `runtime.connection_budget`'s call."""
+    if explicit is not None:
+        return explicit
+    raw = env.get(ENV_MAX_CONNECTIONS, "").strip()
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"{ENV_MAX_CONNECTIONS}: must be a whole number of connections, got {raw!r}"
+        ) from None
 
 
 def normalise_prefixes(prefixes: Iterable[str]) -> tuple[str, ...]:

@@ -128,6 +128,32 @@ async def test_after_a_blocked_loop_the_fence_closes_if_no_proof_comes() -> None
     assert calls.fenced == 1
 
 
+async def test_without_a_lock_a_stall_past_the_lease_closes_the_fence_at_once() -> None:
+    # No session (a transaction pooler, no direct URL): the lease alone kept the rows
+    # counting, and it ran out during the stall, so there is no proof to wait for.
+    after = 0.05
+    fence = Fence(SYSTEM, after=after)
+    fence.lease = after + STALL_SLACK  # ends before the blocked loop resumes
+    calls = Calls(fence)
+    fence.proved(time.monotonic())
+    block_the_loop(after + STALL_SLACK + 0.1)
+    await asyncio.sleep(0.01)  # the timer fires, late
+    assert fence.fenced and calls.fenced == 1, "limited jobs stopped, no recheck"
+    fence.cancel_timer()
+
+
+async def test_without_a_lock_a_stall_within_the_lease_still_waits_for_a_proof() -> None:
+    after = 0.05
+    fence = Fence(SYSTEM, after=after)
+    fence.lease = 5.0  # far from over when the loop resumes
+    calls = Calls(fence)
+    fence.proved(time.monotonic())
+    block_the_loop(after + STALL_SLACK + 0.1)
+    await asyncio.sleep(0.01)
+    assert fence.fenced and calls.fenced == 0, "the lease covers the recheck"
+    fence.cancel_timer()
+
+
 async def test_stopped_jobs_go_back_once_their_perform_has_stopped() -> None:
     fence = Fence(ManualClock())
     on_thread = {3}

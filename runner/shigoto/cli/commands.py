@@ -119,6 +119,9 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     "capacity": (config.ENV_CAPACITY, _slots, None),
     "shed_target": (config.ENV_SHED_TARGET, _seconds, None),
     "shed_interval": (config.ENV_SHED_INTERVAL, _seconds, SHED_INTERVAL),
+    "max_connections": (config.ENV_MAX_CONNECTIONS, _count, None),
+    "pooler": (config.ENV_POOLER, str, None),
+    "direct_database_url": (config.ENV_DIRECT_DATABASE_URL, str, None),
 }
 
 
@@ -273,6 +276,7 @@ def _add_run(sub: Any) -> None:
         "SHIGOTO_RESCUE_AFTER",
         "seconds of silence after which a node's jobs are rescued (default 2 x heartbeat + 30)"))
     _flow_flags(p)
+    _connection_flags(p)
     _retention(p)
     p.add_argument("--event-loop", choices=event_loop.CHOICES, default="auto",
                    help="auto (default): uvloop when it is installed (pip install "
@@ -281,6 +285,21 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--cron", nargs="?", const="", default=os.environ.get("SHIGOTO_CRON"),
                    metavar="FILE", help="run the cron scheduler here (leader-elected); FILE, a "
                    "JSON list of schedules, is stored first [SHIGOTO_CRON]")  # fmt: skip
+
+
+def _connection_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-connections", type=_count, metavar="N", help=_env_help(
+        config.ENV_MAX_CONNECTIONS, "at most N database connections for this runner, all "
+        "together: its pool, LISTEN, liveness lock, elector and its performs' enqueues; refused "
+        "at start below the least it can work with (docs/connections.md; default: no cap)"))
+    p.add_argument("--pooler", choices=config.POOLERS, help=_env_help(
+        config.ENV_POOLER, "transaction: the database URL goes through PgBouncer in "
+        "transaction mode; no prepared statements on it, and LISTEN, the liveness lock and "
+        "migrations use --direct-database-url (default none)"))
+    p.add_argument("--direct-database-url", metavar="URL", help=_env_help(
+        config.ENV_DIRECT_DATABASE_URL, "the server itself, past the pooler, for what needs a "
+        "session; without it a runner behind a transaction pooler polls and counts by its "
+        "lease (docs/connections.md)"))
 
 
 def _flow_flags(p: argparse.ArgumentParser) -> None:
@@ -449,6 +468,11 @@ def _runner(args: argparse.Namespace) -> Any:
     limits = config.parse_queues(limits_text) if limits_text else {}
     retention = {k: getattr(args, k) for k in ("prune_after", "archive_retention")
                  if getattr(args, k) is not None}  # fmt: skip
+    # The enqueues of this process's performs read them too: a flag reaches them as well.
+    for env, value in ((config.ENV_POOLER, args.pooler),
+                       (config.ENV_DIRECT_DATABASE_URL, args.direct_database_url)):  # fmt: skip
+        if value:
+            os.environ[env] = value
     return Runner(
         queues, database_url=_database_url(args), schema=args.schema, imports=imports,
         auto_migrate=not args.no_migrate, poll_interval=args.poll_interval,
@@ -459,6 +483,8 @@ def _runner(args: argparse.Namespace) -> Any:
         max_stuck_threads=args.max_stuck_threads, callback_timeout=args.callback_timeout,
         stuck_after=args.stuck_after, capacity=args.capacity, shed_target=args.shed_target,
         shed_interval=args.shed_interval, freeze_heap=True, **retention,
+        max_connections=args.max_connections, pooler=args.pooler,
+        direct_database_url=args.direct_database_url,
     )  # fmt: skip
 
 

@@ -2,7 +2,12 @@
 
 A service calls `enqueue` many times; opening a connection each time would cost more than the
 insert. Pools are keyed by URL (and, for asyncio, by event loop, since an async pool belongs to
-the loop that opened it).
+the loop that opened it). Behind a transaction pooler (`SHIGOTO_POOLER=transaction`) their
+connections prepare no statements (`shigoto.db.routes`).
+
+A runner under a connection cap (`shigoto run --max-connections`) counts the enqueues of its
+performs in its budget: it caps this process's sync pool for its URL (`cap_client_pools`) and
+lends its own pool to the async enqueues on its event loop (`lend_async_pool`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from shigoto import logs
+from shigoto.db.routes import Routes
 
 # psycopg's pool logs its connection errors, which quote a malformed conninfo string (a
 # Secret's value); mask passwords there for every user of Shigoto, not only the CLI.
@@ -29,6 +35,14 @@ _lock = threading.Lock()
 _sync_pools: dict[str, ConnectionPool] = {}
 _async_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncConnectionPool]]
 _async_pools = weakref.WeakKeyDictionary()
+#: Pools lent by a runner to the async enqueues of its event loop, by loop and URL: never
+#: opened or closed here.
+_lent: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncConnectionPool]]
+_lent = weakref.WeakKeyDictionary()
+#: Sizes that a capped runner set for the sync pool of its URL (`cap_client_pools`).
+_caps: dict[str, int] = {}
+#: The application_name of client connections (a runner names them after its node).
+_client_name: list[str | None] = [None]
 
 CLIENT_POOL_MAX = 8
 #: Seconds libpq may take to connect, unless the URL sets its own `connect_timeout`.
@@ -77,22 +91,25 @@ async def _acheck(conn: psycopg.AsyncConnection[Any]) -> None:
 
 
 def connect_kwargs(url: str) -> dict[str, Any]:
-    """Autocommit, and a connect timeout unless the URL sets one."""
+    """Autocommit, no prepared statements behind a transaction pooler, an application_name
+    (unless the URL or PGAPPNAME sets one), and a connect timeout unless the URL sets one."""
     logs.remember_secret(url)
-    kwargs: dict[str, Any] = {"autocommit": True}
+    kwargs = Routes.of(url).kwargs(url, "client")
+    if _client_name[0] is not None and "application_name" in kwargs:
+        kwargs["application_name"] = _client_name[0]
     if "connect_timeout" not in conninfo_to_dict(url):
         kwargs["connect_timeout"] = CONNECT_TIMEOUT
     return kwargs
 
 
-def _why_no_connection(url: str, waited: float) -> psycopg.OperationalError:
+def _why_no_connection(url: str, waited: float, size: int) -> psycopg.OperationalError:
     """The server's own reason a pool got no connection (it only logs it), or "busy"."""
     try:
         psycopg.connect(url, **connect_kwargs(url)).close()
     except psycopg.OperationalError as exc:
         return exc
     return PoolTimeout(
-        f"all {CLIENT_POOL_MAX} client connections stayed busy for {waited:g} s; "
+        f"all {size} client connections stayed busy for {waited:g} s; "
         "the database answers, so something holds them (long transactions?)"
     )
 
@@ -105,7 +122,8 @@ class _ClientPool(ConnectionPool):
         try:
             return super().getconn(timeout)
         except PoolTimeout:
-            raise _why_no_connection(self.conninfo, timeout or self.timeout) from None
+            raise _why_no_connection(self.conninfo, timeout or self.timeout,
+                                     self.max_size) from None  # fmt: skip
 
 
 class _AsyncClientPool(AsyncConnectionPool):
@@ -116,7 +134,7 @@ class _AsyncClientPool(AsyncConnectionPool):
             return await super().getconn(timeout)
         except PoolTimeout:
             why = await asyncio.to_thread(_why_no_connection, self.conninfo,
-                                          timeout or self.timeout)  # fmt: skip
+                                          timeout or self.timeout, self.max_size)  # fmt: skip
             raise why from None
 
 
@@ -128,8 +146,9 @@ def sync_pool(url: str) -> ConnectionPool:
         if pool is None:
             kwargs = connect_kwargs(url)
             psycopg.connect(url, **kwargs).close()
+            size = _caps.get(url, CLIENT_POOL_MAX)
             pool = _ClientPool(
-                url, min_size=1, max_size=CLIENT_POOL_MAX, open=True, name="shigoto-client",
+                url, min_size=1, max_size=size, open=True, name="shigoto-client",
                 kwargs=kwargs, check=_check, timeout=WAIT_TIMEOUT,
             )  # fmt: skip
             _sync_pools[url] = pool
@@ -137,8 +156,11 @@ def sync_pool(url: str) -> ConnectionPool:
 
 
 async def async_pool(url: str) -> AsyncConnectionPool:
-    """`sync_pool` for the running event loop."""
+    """`sync_pool` for the running event loop (or the pool a runner lent to it)."""
     loop = asyncio.get_running_loop()
+    lent = _lent.get(loop, {}).get(url)
+    if lent is not None:
+        return lent
     pools = _async_pools.setdefault(loop, {})
     pool = pools.get(url)
     if pool is None:
@@ -153,6 +175,37 @@ async def async_pool(url: str) -> AsyncConnectionPool:
             pools[url] = pool
             await pool.open()
     return pool
+
+
+def cap_client_pools(url: str, size: int | None) -> None:
+    """Hold this process's sync client pool for `url` to `size` connections (None: back to
+    `CLIENT_POOL_MAX`), now and when it opens later: a runner under a cap counts it."""
+    with _lock:
+        if size is None:
+            _caps.pop(url, None)
+        else:
+            _caps[url] = size
+        pool = _sync_pools.get(url)
+    if pool is not None:
+        target = size or CLIENT_POOL_MAX
+        pool.resize(min(pool.min_size, target), target)
+
+
+def lend_async_pool(url: str, pool: AsyncConnectionPool | None) -> None:
+    """Let the async client calls for `url` on the running event loop use `pool` (a runner's
+    own, under a cap) instead of a pool of their own; None takes it back."""
+    lent = _lent.setdefault(asyncio.get_running_loop(), {})
+    if pool is None:
+        lent.pop(url, None)
+    else:
+        lent[url] = pool
+
+
+def name_client_connections(name: str | None) -> None:
+    """The application_name of client connections opened from now on (a runner names them
+    after its node, so its budget can be seen in pg_stat_activity); None: `shigoto-client`.
+    A name in the URL or PGAPPNAME still wins."""
+    _client_name[0] = name
 
 
 def close_pools() -> None:

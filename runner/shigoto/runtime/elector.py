@@ -20,7 +20,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psycopg
@@ -70,11 +70,15 @@ class Elector(Service):
         name: str = "leader",
         ttl: float | None = None,
         clock: Clock | Callable[[], float] = SYSTEM,
+        connect_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(
             interval, clock=clock if isinstance(clock, Clock) else _Monotonic(clock)
         )
         self.url = url
+        #: How the connection is opened (a runner's routes: no prepared statements behind a
+        #: transaction pooler, where the lease works as well, one statement at a time).
+        self.connect_kwargs = dict(connect_kwargs or {"autocommit": True})
         self.election = name
         self.key = f"shigoto.{name}.{schema}"
         self._ttl = ttl
@@ -116,7 +120,7 @@ class Elector(Service):
             self._lose("reconnecting", logging.INFO)
             self._conn = await asyncio.wait_for(
                 psycopg.AsyncConnection.connect(
-                    self.url, autocommit=True, connect_timeout=int(DB_TIMEOUT)
+                    self.url, **self.connect_kwargs, connect_timeout=int(DB_TIMEOUT)
                 ),
                 DB_TIMEOUT,
             )

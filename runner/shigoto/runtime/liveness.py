@@ -49,6 +49,15 @@ A blocked event loop (a worker that blocks it) sends no proofs either, but its s
 its liveness lock, lives on: its rows never stopped counting. Its fence timer then fires late,
 which a partition never makes it do, and the fence waits `STALL_RECHECK` more for the proof
 the limiter sends as the loop resumes before it stops any job; new limited jobs wait meanwhile.
+
+Without a session (the database URL is a transaction pooler and no direct URL was given,
+docs/connections.md) there is no liveness lock: a session advisory lock taken through the
+pooler would stay on whichever server session ran it, long after this runner. The runner then
+counts by its lease alone, proving itself through the pool, and the fence gives a stall the
+benefit of the doubt only while the lease still covers it (`Fence.lease`). What that costs: a
+loop blocked for longer than `GRACE` lets the others start limited jobs in its slots until it
+resumes and fences itself, and one blocked for longer than `rescue_after` has its jobs rescued
+while they still run.
 """
 
 from __future__ import annotations
@@ -56,7 +65,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,6 +130,9 @@ class Fence:
     def __init__(self, clock: Clock = SYSTEM, after: float = FENCE_AFTER) -> None:
         self.clock = clock
         self.after = after
+        #: Set when no liveness lock holds the rows while proofs stall (no session): how long
+        #: a proof keeps them counting. A late timer then waits for a proof only within it.
+        self.lease: float | None = None
         #: Called when the fence closes: stop the limited jobs running here.
         self.on_fence: Callable[[], None] = _nothing
         #: Called when a proof opens the fence again: claim limited jobs again.
@@ -189,7 +201,8 @@ class Fence:
     def _expire(self) -> None:
         self._timer = None
         late = asyncio.get_running_loop().time() - self._due
-        if late > STALL_SLACK and not self._rechecking and not self._closed and self.fenced:
+        if (late > STALL_SLACK and not self._rechecking and not self._closed and self.fenced
+                and self._lease_covers_recheck()):
             # The loop was blocked, not the network (a partition fires the timer on time):
             # the proof due meanwhile goes out now; give it a moment before stopping jobs.
             log.info("the event loop was blocked for %.1f s: waiting %.1f s for a proof "
@@ -200,6 +213,14 @@ class Fence:
         self.check()
         if not self._closed:  # a clock that did not move with the loop's (a ManualClock)
             self._arm()
+
+    def _lease_covers_recheck(self) -> bool:
+        """Whether this runner's rows surely still count until a proof sent now could land:
+        always while the liveness lock holds them; by the lease alone, only before it ends."""
+        if self.lease is None:
+            return True
+        since = self.clock.monotonic() - (self._proved_at or 0.0)
+        return since + STALL_RECHECK < self.lease
 
     def cancel_timer(self) -> None:
         if self._timer is not None:
@@ -246,27 +267,35 @@ class Liveness(Service):
     takes it again after a reconnect, refreshes the node's `last_seen_at` every tick (through
     the pool when its own connection fails), tells `fence` when each successful proof was
     sent, and puts back the jobs the fence stopped once proofs get through again.
+
+    `url` None: no session to hold a lock on (see the module docstring); every proof goes
+    through the pool, and the fence trusts a stall only while the lease covers it.
     """
 
     name = "liveness"
 
     def __init__(
         self,
-        url: str,
+        url: str | None,
         schema: str,
         node: str,
         pool: AsyncConnectionPool | None = None,
         *,
         clock: Clock = SYSTEM,
+        connect_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(PROVE_INTERVAL, clock=clock)
         self.url = url
+        self.connect_kwargs = dict(connect_kwargs or {
+            "autocommit": True, "application_name": f"shigoto-limiter:{node}"[:63]})  # fmt: skip
         self.schema = schema
         self.node = node
         self.pool = pool
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self.stmts = statements.statements(schema)
         self.fence = Fence(clock)
+        if url is None:
+            self.fence.lease = GRACE
 
     def retry_wait(self, failures: int) -> float:
         """A failed proof is retried on the next beat, never later: the fence lifts only when
@@ -282,6 +311,9 @@ class Liveness(Service):
         await self._put_back_stopped()
 
     async def _prove(self) -> None:
+        if self.url is None:  # no session, no lock: the lease is the proof
+            await self._prove_through_pool()
+            return
         try:
             await self._prove_on_own_connection()
             return
@@ -295,6 +327,11 @@ class Liveness(Service):
                     "lost" if lost else "not back yet", str(exc) or type(exc).__name__)  # fmt: skip
         # Prove through the pool meanwhile: a killed limiter session must not make this
         # runner's jobs look abandoned while it reconnects.
+        await self._prove_through_pool()
+
+    async def _prove_through_pool(self) -> None:
+        if self.pool is None:
+            raise RuntimeError("no session URL and no pool: nothing to prove this runner on")
         async with self.pool.connection(timeout=PROVE_TIMEOUT) as conn:
             await self._prove_on(conn)
 
@@ -308,12 +345,12 @@ class Liveness(Service):
         """A new limiter session, holding the liveness lock (unless a session of this node
         that the server has not noticed is dead yet still does: it counts all the same)."""
         await self._drop()
+        assert self.url is not None  # a lockless limiter never connects on its own
         # asyncio.timeout, never wait_for: on Python 3.11 wait_for can swallow a cancel that
         # lands as the inner call completes, and the runner's shutdown cancels this service.
         async with asyncio.timeout(PROVE_TIMEOUT):
             conn = await psycopg.AsyncConnection.connect(
-                self.url, autocommit=True, connect_timeout=max(int(PROVE_TIMEOUT), 2),
-                application_name=f"shigoto-limiter:{self.node}"[:63],
+                self.url, **self.connect_kwargs, connect_timeout=max(int(PROVE_TIMEOUT), 2),
             )  # fmt: skip
         self._conn = conn
         async with asyncio.timeout(PROVE_TIMEOUT):

@@ -34,8 +34,10 @@ from shigoto.client.queue_settings import QueueSetting, QueueSettingsWatcher, wr
 from shigoto.clock import SYSTEM, Clock
 from shigoto.cron.scheduler import CronScheduler, Schedule
 from shigoto.cron.scheduler import store as store_schedules
+from shigoto.db import database
 from shigoto.db import runtime_statements as statements
 from shigoto.db.migrate import current_version, latest_version, migrate
+from shigoto.db.routes import Routes, application_name
 from shigoto.encryption.sealing import process_ring
 from shigoto.errors import ConfigurationError, Error, MigrationError
 from shigoto.flow import RateLimit
@@ -44,7 +46,7 @@ from shigoto.flow.codel import check_setting as check_shed_setting
 from shigoto.flow.shares import check_capacity
 from shigoto.job import Job
 from shigoto.relations import events as relation_events
-from shigoto.runtime import event_loop, fanout, rescuer
+from shigoto.runtime import connection_budget, event_loop, fanout, rescuer
 from shigoto.runtime.admission import Admissions
 from shigoto.runtime.bulkhead import Bulkheads
 from shigoto.runtime.cancels import CancelRequests
@@ -61,7 +63,7 @@ from shigoto.runtime.global_limits import GlobalLimits
 from shigoto.runtime.heap import freeze_startup_heap
 from shigoto.runtime.interrupts import Interrupts
 from shigoto.runtime.job_path import JobPath
-from shigoto.runtime.liveness import Liveness
+from shigoto.runtime.liveness import GRACE, Liveness
 from shigoto.runtime.loop_watch import LoopWatch
 from shigoto.runtime.node import Heartbeat, new_node_id
 from shigoto.runtime.notifier import Notifier
@@ -139,6 +141,15 @@ class Runner:
     its queues' lowest priorities first (`shigoto.runtime.shedding`); default None: off, since
     only the application knows whether its priorities may wait.
 
+    Connections (docs/connections.md): `max_connections` caps everything this runner holds
+    together, its pool, its dedicated connections and the enqueues of its performs (default
+    SHIGOTO_MAX_CONNECTIONS, else no cap; `shigoto.runtime.connection_budget` shares it out
+    and refuses one too small). `pooler="transaction"` (default SHIGOTO_POOLER) says the
+    database URL goes through PgBouncer in transaction mode: no prepared statements on it, and
+    what needs a session (LISTEN, the liveness lock, migrations) goes to
+    `direct_database_url` (default SHIGOTO_DIRECT_DATABASE_URL); with none, the runner polls
+    and proves itself alive by its lease only.
+
     Each claimed job goes through the execution middleware chain (`shigoto.runtime.chain`:
     worker resolution, global limits, the stuck-thread count, the progress writer) to the
     executor, and its outcome to the completer.
@@ -172,9 +183,13 @@ class Runner:
         shed_interval: float = SHED_INTERVAL,
         freeze_heap: bool = False,
         plugins: Iterable[ClaimPlugin | ClaimShape] = (),
+        max_connections: int | None = None,
+        pooler: str | None = None,
+        direct_database_url: str | None = None,
         **overrides: Any,
     ) -> None:
         self.url = config.database_url(database_url)
+        self.routes = Routes.of(self.url, pooler=pooler, direct_url=direct_database_url)
         self.schema = config.schema(schema)
         self.queues = dict(queues) if queues is not None else config.queues_from_env()
         for name, concurrency in self.queues.items():
@@ -196,15 +211,26 @@ class Runner:
         #: Why this runner gave up (too many stuck threads); `/readyz` reports it.
         self.stuck_reason: str | None = None
         self.node = node_id or new_node_id()
+        #: How this runner's connections are shared out; refuses a cap too small at once.
+        self.budget = connection_budget.plan(
+            queues=len(self.queues), max_connections=config.max_connections(max_connections),
+            sessions=self.routes.session_url is not None,
+        )  # fmt: skip
+        self.max_connections = config.max_connections(max_connections)
         self.auto_migrate = auto_migrate
         #: Freeze the start-up heap before serving (shigoto.runtime.heap): `shigoto run` does.
         self.freeze_heap = freeze_heap
         self.cron_schedules = list(cron_schedules)
         self.cron = cron or bool(self.cron_schedules)
         self.clock = clock
-        self.elector = Elector(self.url, self.schema, clock=clock)
+        self.elector = Elector(self.url, self.schema, clock=clock,
+                               connect_kwargs=self._connect_kwargs(self.url, "elector"))
         self.global_concurrency = dict(global_concurrency or {})
-        self.liveness = Liveness(self.url, self.schema, self.node, clock=clock)
+        session = self.routes.session_url
+        self.liveness = Liveness(
+            session, self.schema, self.node, clock=clock,
+            connect_kwargs=self._connect_kwargs(session, "limiter") if session else None,
+        )  # fmt: skip
         self.stmts = statements.statements(self.schema)
         self.limits = GlobalLimits(lambda: self._pool, self.stmts, self.node,
                                    self._queue_limited, fence=self.liveness.fence)  # fmt: skip
@@ -246,26 +272,31 @@ class Runner:
         #: Reports an event loop blocked by a worker (runtime.loop_watch).
         self.loop_watch = LoopWatch(self.node, JobExecutor.execute.__code__)
 
+    def _connect_kwargs(self, url: str, role: str) -> dict[str, Any]:
+        """How a connection of `role` to `url` is opened (`shigoto.db.routes`)."""
+        return self.routes.kwargs(url, role, self.node)
+
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Run until `stop()`; returns after the graceful shutdown has finished."""
         for module in self.imports:
             importlib.import_module(module)
-        if self.auto_migrate:
-            await asyncio.to_thread(migrate, self.url, schema=self.schema)
+        await self._migrate()
         if self.cron_schedules:
             await asyncio.to_thread(
                 store_schedules, self.cron_schedules, database_url=self.url, schema=self.schema
             )
+        size = self.budget.pool
         pool = AsyncConnectionPool(
-            self.url, min_size=2, max_size=len(self.queues) + 6, open=False,
-            kwargs={"autocommit": True}, name=f"shigoto-runner-{self.node}",
+            self.url, min_size=min(2, size), max_size=size, open=False,
+            kwargs=self._connect_kwargs(self.url, "runner"), name=f"shigoto-runner-{self.node}",
             configure=_configure_connection,
         )  # fmt: skip
         await pool.open(wait=True, timeout=30)
         self._pool = pool
         self.liveness.pool = pool
+        self._share_with_clients(pool)
         try:
             await self._check_schema(pool)
             if self.freeze_heap:  # the worker modules are imported: start-up is over
@@ -276,6 +307,7 @@ class Runner:
             await self._serve(pool)
         finally:
             await self.liveness.close()
+            self._share_with_clients(None)
             await pool.close()
             for threads in (self._threads, self._callbacks):
                 if threads is not None:
@@ -284,6 +316,30 @@ class Runner:
         if self.stuck_reason is not None:
             raise StuckThreadsError(self.stuck_reason)
 
+    async def _migrate(self) -> None:
+        """Migrate at start, on a session: never through a transaction pooler (see
+        `shigoto.db.routes`); without a direct URL `_check_schema` says what to run."""
+        if not self.auto_migrate:
+            return
+        url = self.routes.migrate_url
+        if url is None:
+            log.info("not migrating at start: %s=transaction and no %s; run `shigoto migrate` "
+                     "against the server itself", config.ENV_POOLER,
+                     config.ENV_DIRECT_DATABASE_URL)  # fmt: skip
+            return
+        await asyncio.to_thread(migrate, url, schema=self.schema)
+
+    def _share_with_clients(self, pool: AsyncConnectionPool | None) -> None:
+        """The enqueues of this runner's performs, named after it; under a cap, inside its
+        budget: sync performs share a client pool of `budget.client` connections, async ones
+        borrow the runner's pool. `None`: the runner is done, give both back."""
+        name = application_name("client", self.node) if pool is not None else None
+        database.name_client_connections(name)
+        if self.max_connections is None:
+            return
+        database.cap_client_pools(self.url, self.budget.client if pool is not None else None)
+        database.lend_async_pool(self.url, pool)
+
     async def _check_schema(self, pool: AsyncConnectionPool) -> None:
         async with pool.connection() as conn:
             have = await current_version(conn, self.schema)
@@ -291,7 +347,8 @@ class Runner:
         if have < want:
             raise MigrationError(
                 f"schema {self.schema!r} is at version {have}, this runner needs {want}: "
-                "run `shigoto migrate` (or start the runner with auto-migration)"
+                "run `shigoto migrate` (or start the runner with auto-migration; behind a "
+                f"transaction pooler, with {config.ENV_DIRECT_DATABASE_URL} set)"
             )
 
     async def _serve(self, pool: AsyncConnectionPool) -> None:
@@ -343,7 +400,17 @@ class Runner:
         await heartbeat.run_once()
         channels = [statements.INSERT_CHANNEL, statements.CANCEL_CHANNEL, rescuer.DISCARD_CHANNEL,
                     relation_events.RELATIONS_CHANNEL]
-        notifier = Notifier(self.url, channels, self._dispatch)
+        session = self.routes.session_url
+        notifier = Notifier(
+            session, channels, self._dispatch,
+            connect_kwargs=self._connect_kwargs(session, "listen") if session else None,
+        )  # fmt: skip
+        if session is None:
+            log.warning(
+                "%s=transaction and no %s: no LISTEN (new jobs are found by polling every "
+                "%g s) and no liveness lock (global limits count this runner by its %g s "
+                "lease); see docs/connections.md", config.ENV_POOLER,
+                config.ENV_DIRECT_DATABASE_URL, s.poll_interval, GRACE)  # fmt: skip
         self.elector.interval = s.leader_interval
         leader = self._leads
         services: dict[str, Service] = {
@@ -392,14 +459,13 @@ class Runner:
         self.loop_watch.start()
         for queue, concurrency in self.queues.items():
             self._start_producer(queue, concurrency)
-        try:
-            await asyncio.wait_for(notifier.connected.wait(), 10)
-        except TimeoutError:
-            log.warning("LISTEN connection not up after 10 s; relying on polling until it is")
+        await _wait_listening(notifier)
         loop_kind = event_loop.current()
-        log.info("runner %s started on the %s event loop", self.node, loop_kind,
-                 extra={"node": self.node, "queues": dict(self.queues),
-                        "event_loop": loop_kind})  # fmt: skip
+        log.info("runner %s started on the %s event loop, holding at most %d connections",
+                 self.node, loop_kind, self.budget.total,
+                 extra={"node": self.node, "queues": dict(self.queues), "event_loop": loop_kind,
+                        "connections": self.budget.total, "pool": self.budget.pool,
+                        "pooler": self.routes.pooler})  # fmt: skip
         self.ready.set()
         await self._stop.wait()
         await self._shutdown.run(services, notifier, heartbeat, self.settings.shutdown_timeout)
@@ -613,6 +679,17 @@ class Runner:
     @property
     def executing_count(self) -> int:
         return sum(len(p.running) for p in self.producers.values())
+
+
+async def _wait_listening(notifier: Notifier) -> None:
+    """Give the LISTEN session a moment before the runner reports ready (none to wait for
+    without a session URL)."""
+    if not notifier.listening:
+        return
+    try:
+        await asyncio.wait_for(notifier.connected.wait(), 10)
+    except TimeoutError:
+        log.warning("LISTEN connection not up after 10 s; relying on polling until it is")
 
 
 def _configure(producer: Producer, setting: QueueSetting) -> None:

@@ -263,3 +263,18 @@ def test_a_concurrent_step_must_be_one_rerunnable_statement() -> None:
         "9999_x.sql",
     )
     assert [(s.online, s.index) for s in steps] == [(False, None), (True, "x")]
+
+
+def test_behind_a_transaction_pooler_migrate_runs_on_the_direct_url(
+    empty_db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The migration lock is a session lock and index builds run outside transactions: through
+    PgBouncer's transaction mode neither holds, so migrate refuses there without a direct URL,
+    and with one never touches the pooled URL (here a port nobody listens on)."""
+    pooled = "postgresql://nobody@127.0.0.1:9/nowhere"
+    monkeypatch.setenv("SHIGOTO_POOLER", "transaction")
+    monkeypatch.delenv("SHIGOTO_DIRECT_DATABASE_URL", raising=False)
+    with pytest.raises(MigrationError, match="SHIGOTO_DIRECT_DATABASE_URL"):
+        shigoto.migrate(pooled)
+    monkeypatch.setenv("SHIGOTO_DIRECT_DATABASE_URL", empty_db_url)
+    assert shigoto.migrate(pooled) == [m.version for m in load_migrations()]

@@ -47,6 +47,7 @@ from shigoto.db.migration_files import (
     load_migrations,
     migrations_dir,
 )
+from shigoto.db.routes import Routes
 from shigoto.db.steps import Steps
 from shigoto.errors import MigrationError
 
@@ -107,7 +108,7 @@ def migrate(
     the schema and DML rights on the tables can call it (as `shigoto run` does at start)
     without CREATE.
     """
-    url = config.database_url(database_url)
+    url = _session_url(config.database_url(database_url))
     name = config.schema(schema)
     migrations = load_migrations()
     with psycopg.connect(url, autocommit=True) as conn:
@@ -116,6 +117,19 @@ def migrate(
         conn.execute("SET statement_timeout = 0")
         with _migration_lock(conn, name):
             return _apply(conn, name, migrations, on_progress or _log_progress)
+
+
+def _session_url(url: str) -> str:
+    """The server itself: behind a transaction pooler the direct URL, since the migration
+    lock is a session lock and index builds run outside transactions (`db.routes`)."""
+    session = Routes.of(url).migrate_url
+    if session is None:
+        raise MigrationError(
+            f"{config.ENV_POOLER}=transaction: migrations need a session of their own, which "
+            f"a transaction pooler cannot give; set {config.ENV_DIRECT_DATABASE_URL} to the "
+            "server itself (past PgBouncer), or run `shigoto migrate` against it"
+        )
+    return session
 
 
 async def amigrate(

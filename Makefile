@@ -6,14 +6,16 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench clean images system-tools
 
-# Two programs the test suite drives and pip cannot bring: Debian's chromium (the dashboard's
-# browser tests, through Playwright, never a downloaded browser) and promtool (the alert rules
-# of deploy/monitoring, from Debian's prometheus package). Installed only when missing.
-SYSTEM_PACKAGES := chromium prometheus
+# Three programs the test suite drives and pip cannot bring: Debian's chromium (the dashboard's
+# browser tests, through Playwright, never a downloaded browser), promtool (the alert rules
+# of deploy/monitoring, from Debian's prometheus package) and pgbouncer (runners and clients
+# through transaction pooling; it lives in /usr/sbin). Installed only when missing.
+SYSTEM_PACKAGES := chromium prometheus pgbouncer
 system-tools:
-	@if command -v chromium >/dev/null && command -v promtool >/dev/null; then exit 0; fi; \
+	@if command -v chromium >/dev/null && command -v promtool >/dev/null \
+		&& { command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ]; }; then exit 0; fi; \
 	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
-		echo "make test needs chromium and promtool: install Debian's $(SYSTEM_PACKAGES)" >&2; exit 1; fi; \
+		echo "make test needs chromium, promtool and pgbouncer: install Debian's $(SYSTEM_PACKAGES)" >&2; exit 1; fi; \
 	DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null
 

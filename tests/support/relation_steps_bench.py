@@ -32,7 +32,7 @@ from psycopg.types.json import Jsonb
 import shigoto
 from shigoto.cli.bench import drop_database, prepare_database
 from shigoto.db import embedded
-from shigoto.db import migrate as migrate_module
+from shigoto.db import migration_files as migrate_module
 from shigoto.db import runtime_statements as statements
 
 BEFORE, AFTER = "shigoto_bench_steps_0023", "shigoto_bench_steps_0024"

@@ -26,6 +26,9 @@ ENV_SHED_INTERVAL = "SHIGOTO_SHED_INTERVAL"
 ENV_POOLER = "SHIGOTO_POOLER"
 ENV_DIRECT_DATABASE_URL = "SHIGOTO_DIRECT_DATABASE_URL"
 ENV_MAX_CONNECTIONS = "SHIGOTO_MAX_CONNECTIONS"
+#: The pod this runner runs in (the operator sets it from the downward API): the name the
+#: nodes table records, so the operator can tell which pod runs which jobs.
+ENV_POD_NAME = "SHIGOTO_POD_NAME"
 #: `SHIGOTO_POOLER` values: `none` (PostgreSQL itself, or a pooler in session mode) and
 #: `transaction` (PgBouncer's pool_mode=transaction, or any pooler that may hand each
 #: transaction to another server session).

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shigoto_operator import crds
-from shigoto_operator.spec import QueueSpec
+from shigoto_operator.spec import MAX_CONNECTIONS_ENV, QueueSpec
 
 RUNNER_CONTAINER = "runner"
 PORT_NAME = "http"
@@ -109,19 +109,34 @@ def runner_args(spec: QueueSpec) -> list[str]:
     return args
 
 
-def env(spec: QueueSpec) -> list[dict[str, Any]]:
-    """The database URL (and the encryption keys) from their Secrets, never copied into the
-    manifest, then the user's env."""
+#: The pod's own name, from the downward API: the runner records it as its node's hostname, so
+#: the operator can tell which pod runs which job (`deletion_cost`) even where the hostname is
+#: not the pod name (host networking, names past 63 characters).
+POD_NAME_ENV = "SHIGOTO_POD_NAME"
+
+
+def env(spec: QueueSpec, *, max_connections: int | None = None) -> list[dict[str, Any]]:
+    """The database URLs (and the encryption keys) from their Secrets, never copied into the
+    manifest, the pooler and the pod's connection cap (`budget`) when set, then the user's
+    env. Variables for unset fields are left out, so a Queue that uses none of them keeps the
+    template (and its pods) it had."""
     ref = spec.database
-    return [
-        {
-            "name": "SHIGOTO_DATABASE_URL",
-            "valueFrom": {"secretKeyRef": {"name": ref.secret_name, "key": ref.secret_key}},
-        },
+    out: list[dict[str, Any]] = [
+        _secret_env("SHIGOTO_DATABASE_URL", ref.secret_name, ref.secret_key),
         {"name": "SHIGOTO_SCHEMA", "value": ref.schema},
-        *_encryption_env(spec),
-        *copy.deepcopy(list(spec.runner.env)),
+        {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
+    if ref.pooler != "none":
+        out.append({"name": "SHIGOTO_POOLER", "value": ref.pooler})
+    if ref.direct_secret is not None:
+        out.append(_secret_env("SHIGOTO_DIRECT_DATABASE_URL", *ref.direct_secret))
+    if max_connections is not None:
+        out.append({"name": MAX_CONNECTIONS_ENV, "value": str(max_connections)})
+    return [*out, *_encryption_env(spec), *copy.deepcopy(list(spec.runner.env))]
+
+
+def _secret_env(name: str, secret: str, key: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
 
 
 def _encryption_env(spec: QueueSpec) -> list[dict[str, Any]]:
@@ -142,7 +157,9 @@ def _container_security() -> dict[str, Any]:
     }
 
 
-def _container(spec: QueueSpec, name: str, args: list[str]) -> dict[str, Any]:
+def _container(
+    spec: QueueSpec, name: str, args: list[str], *, max_connections: int | None
+) -> dict[str, Any]:
     r = spec.runner
     c: dict[str, Any] = {
         "name": name,
@@ -151,7 +168,7 @@ def _container(spec: QueueSpec, name: str, args: list[str]) -> dict[str, Any]:
         # not change what runs
         "command": ["shigoto"],
         "args": args,
-        "env": env(spec),
+        "env": env(spec, max_connections=max_connections),
     }
     if r.image_pull_policy:
         c["imagePullPolicy"] = r.image_pull_policy
@@ -173,9 +190,11 @@ def _probe(path: str, *, period: int, failures: int) -> dict[str, Any]:
     }
 
 
-def pod_template(spec: QueueSpec) -> dict[str, Any]:
+def pod_template(spec: QueueSpec, *, max_connections: int | None = None) -> dict[str, Any]:
+    """The runner pods; `max_connections` is each pod's share of the Queue's connection
+    budget (`budget.plan`), None without one."""
     r = spec.runner
-    runner = _container(spec, RUNNER_CONTAINER, runner_args(spec))
+    runner = _container(spec, RUNNER_CONTAINER, runner_args(spec), max_connections=max_connections)
     runner["ports"] = [{"name": PORT_NAME, "containerPort": r.health_port, "protocol": "TCP"}]
     # Importing a large worker package can take a while: the startup probe gives it two
     # minutes before liveness (which restarts) takes over.
@@ -234,10 +253,15 @@ def template_hash(template: Mapping[str, Any]) -> str:
 
 
 def deployment(
-    spec: QueueSpec, owner: Mapping[str, Any], *, replicas: int | None
+    spec: QueueSpec,
+    owner: Mapping[str, Any],
+    *,
+    replicas: int | None,
+    max_connections: int | None = None,
 ) -> dict[str, Any]:
-    """The runner Deployment. `replicas=None` leaves them to someone else (KEDA's HPA)."""
-    template = pod_template(spec)
+    """The runner Deployment. `replicas=None` leaves them to someone else (KEDA's HPA);
+    `max_connections` is each pod's connection cap (`budget`)."""
+    template = pod_template(spec, max_connections=max_connections)
     body: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -287,13 +311,17 @@ def keda_query(spec: QueueSpec) -> str:
     )
 
 
-def scaled_object(spec: QueueSpec, owner: Mapping[str, Any]) -> dict[str, Any]:
-    """A KEDA ScaledObject for `autoscaling.mode: keda`.
+def scaled_object(
+    spec: QueueSpec, owner: Mapping[str, Any], *, max_replicas: int | None = None
+) -> dict[str, Any]:
+    """A KEDA ScaledObject for `autoscaling.mode: keda`; `max_replicas` lowers
+    `maxReplicas` to what the connection budget allows.
 
     The connection comes from the runner container's own SHIGOTO_DATABASE_URL
     (`connectionFromEnv`), which KEDA resolves from the Secret; no TriggerAuthentication.
     """
     a = spec.autoscaling
+    most = a.max_replicas if max_replicas is None else min(a.max_replicas, max_replicas)
     return {
         "apiVersion": KEDA_API_VERSION,
         "kind": "ScaledObject",
@@ -312,7 +340,7 @@ def scaled_object(spec: QueueSpec, owner: Mapping[str, Any]) -> dict[str, Any]:
             "pollingInterval": a.poll_interval_seconds,
             "cooldownPeriod": a.scale_down_stabilization_seconds,
             "minReplicaCount": a.min_replicas,
-            "maxReplicaCount": a.max_replicas,
+            "maxReplicaCount": most,
             "advanced": {
                 "horizontalPodAutoscalerConfig": {
                     "behavior": {
@@ -333,6 +361,29 @@ def scaled_object(spec: QueueSpec, owner: Mapping[str, Any]) -> dict[str, Any]:
                     },
                 }
             ],
+        },
+    }
+
+
+# --- PodDisruptionBudget ----------------------------------------------------------------------
+
+
+def pod_disruption_budget(spec: QueueSpec, owner: Mapping[str, Any]) -> dict[str, Any]:
+    """The runner pods' PodDisruptionBudget (`spec.disruption`), named like the Deployment
+    and owned by the Queue, so the garbage collector removes it with the Queue."""
+    assert spec.disruption is not None
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": runner_name(spec.name),
+            "namespace": spec.namespace,
+            "labels": labels(spec),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": {
+            "selector": {"matchLabels": selector_labels(spec)},
+            **copy.deepcopy(dict(spec.disruption)),
         },
     }
 
@@ -425,7 +476,8 @@ def deployment_patch(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dic
 
 
 def scaled_object_patch(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
-    """What to send so the live ScaledObject matches; `{}` when it does."""
+    """What to send so a live ScaledObject (or PodDisruptionBudget) matches; `{}` when it
+    does."""
     patch: dict[str, Any] = {}
     metadata = _metadata_patch(desired, live)
     if metadata:

@@ -14,6 +14,8 @@ process itself, each with an env var so the operator Deployment can set it.
 | database probe for the metrics | `SHIGOTO_OPERATOR_METRICS_INTERVAL` | 15 s |
 | dashboard of every known database (0: off) | `SHIGOTO_OPERATOR_DASHBOARD_PORT` | 0 |
 | address of that port | `SHIGOTO_OPERATOR_DASHBOARD_HOST` | 0.0.0.0 |
+| ClusterKopfPeering of the replicas (unset: kopf decides) | `SHIGOTO_OPERATOR_PEERING` | unset |
+| seconds a silent replica counts as alive in it | `SHIGOTO_OPERATOR_PEERING_LIFETIME` | 15 |
 
 The probe (reachability, oldest available job, live runners; see `metrics`) runs only while
 the metrics are served.
@@ -39,6 +41,10 @@ class OperatorConfig:
     #: Opt-in (docs/dashboard.md): reached through a port-forward or a Service you add.
     dashboard_port: int = 0
     dashboard_host: str = "0.0.0.0"
+    #: Leader election among replicas (`peering`): the ClusterKopfPeering they share, and how
+    #: long a replica that stopped answering still counts (kopf's default is 60 s).
+    peering: str | None = None
+    peering_lifetime: int = 15
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> OperatorConfig:
@@ -80,4 +86,8 @@ class OperatorConfig:
             metrics_interval=seconds("SHIGOTO_OPERATOR_METRICS_INTERVAL", cls.metrics_interval),
             dashboard_port=port("SHIGOTO_OPERATOR_DASHBOARD_PORT", cls.dashboard_port),
             dashboard_host=env.get("SHIGOTO_OPERATOR_DASHBOARD_HOST") or cls.dashboard_host,
+            peering=env.get("SHIGOTO_OPERATOR_PEERING") or None,
+            peering_lifetime=int(
+                seconds("SHIGOTO_OPERATOR_PEERING_LIFETIME", cls.peering_lifetime)
+            ),
         )

@@ -75,6 +75,37 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 RATE_ALGORITHMS = ("gcra", "token_bucket", "sliding_window", "leaky_bucket")
 MAX_SLIDING_LIMIT = 10_000
 
+#: What a database URL may go through (shigoto.config.POOLERS; not imported, to keep this
+#: module pure): PostgreSQL itself (or a session pooler), or a transaction pooler.
+POOLERS = ("none", "transaction")
+
+#: The least `--max-connections` a runner pod accepts, with session connections (LISTEN, the
+#: liveness lock) and without them (behind a transaction pooler with no direct URL):
+#: shigoto.runtime.connection_budget.minimum_connections, not imported to keep this module
+#: pure (tests/integration/test_operator_budget.py asserts they agree).
+MIN_RUNNER_CONNECTIONS = 6
+MIN_RUNNER_CONNECTIONS_POOLED = 4
+
+
+def min_runner_connections(*, sessions: bool) -> int:
+    """The least one runner pod can work with, so the least `database.maxConnections`."""
+    return MIN_RUNNER_CONNECTIONS if sessions else MIN_RUNNER_CONNECTIONS_POOLED
+
+
+def max_connections_message(asked: int | None = None, least: int | None = None) -> str:
+    """Why a `database.maxConnections` is refused: the same words from the CEL rule (which
+    cannot show the values) and from the operator (which can)."""
+    values = f" (got {asked}, the least here is {least})" if asked is not None else ""
+    return (
+        f"spec.database.maxConnections must be at least {MIN_RUNNER_CONNECTIONS}, what one "
+        f"runner pod needs ({MIN_RUNNER_CONNECTIONS_POOLED} with pooler: transaction and no "
+        f"directUrlSecretRef){values}"
+    )
+
+
+#: A percentage, as a PodDisruptionBudget's maxUnavailable may be given.
+PERCENT_PATTERN = r"^[0-9]{1,3}%$"
+
 #: The job states a queue may forward (shigoto.relations.forwarding.FORWARDABLE_STATES; not
 #: imported, to keep this module pure): the final failures only.
 FORWARD_STATES = ("discarded", "cancelled")
@@ -137,9 +168,33 @@ def _secret_ref(description: str) -> dict[str, Any]:
     }
 
 
-def _database() -> dict[str, Any]:
-    """Where the jobs live; the same shape on both kinds so one Secret serves both."""
-    return {
+def _database(*, queue: bool = False) -> dict[str, Any]:
+    """Where the jobs live; the same shape on both kinds so one Secret serves both. A Queue's
+    adds `maxConnections`, the budget of its runner pods."""
+    extra: dict[str, Any] = {}
+    rules: list[dict[str, Any]] = []
+    if queue:
+        extra["maxConnections"] = _integer(
+            "The most connections the Queue's runner pods hold together: the operator gives each "
+            "pod a share (SHIGOTO_MAX_CONNECTIONS, at least what one pod needs) and never runs "
+            "more pods than the budget holds, whatever autoscaling asks (the Scaling condition "
+            "then says ConnectionBudget). Unset: no budget.",
+            minimum=1,
+        )
+        sessions_lost = (
+            "has(self.pooler) && self.pooler == 'transaction' && !has(self.directUrlSecretRef)"
+        )
+        rules.append(
+            {
+                # Guarded by has(): the rule must hold on partial objects.
+                "rule": "!has(self.maxConnections) || self.maxConnections >= "
+                f"(({sessions_lost}) ? {MIN_RUNNER_CONNECTIONS_POOLED} : "
+                f"{MIN_RUNNER_CONNECTIONS})",
+                "message": max_connections_message(),
+                "fieldPath": ".maxConnections",
+            }
+        )
+    node: dict[str, Any] = {
         "type": "object",
         "description": "The PostgreSQL database holding the Shigoto tables.",
         "required": ["secretRef"],
@@ -166,8 +221,33 @@ def _database() -> dict[str, Any]:
                 "tables, used only to migrate; secretRef can then name a runtime role with data "
                 "rights alone. Unset: secretRef's URL migrates too."
             ),
+            "pooler": _string(
+                "What secretRef's URL goes through: none (PostgreSQL itself, or a pooler in "
+                "session mode) or transaction (PgBouncer's pool_mode=transaction), where no "
+                "session outlives a transaction, so LISTEN and session locks need "
+                "directUrlSecretRef. Runners get it as SHIGOTO_POOLER.",
+                # No schema default: a `none` written into every stored object would change
+                # what existing objects read back as.
+                enum=list(POOLERS),
+            ),
+            "directUrlSecretRef": _secret_ref(
+                "A Secret whose key holds a URL straight to PostgreSQL, past the pooler, for "
+                "what needs a session: the runners' LISTEN and liveness lock "
+                "(SHIGOTO_DIRECT_DATABASE_URL), the operator's wake-ups on new jobs and its "
+                "migrations. Unset with pooler: transaction: runners and the operator poll."
+            ),
+            **extra,
         },
     }
+    if rules:
+        node["x-kubernetes-validations"] = rules
+    return node
+
+
+def _int_or_percent(description: str) -> dict[str, Any]:
+    """A count or a percentage, as Kubernetes' IntOrString (checked by a rule beside it: the
+    schema stays junctor-free)."""
+    return {"x-kubernetes-int-or-string": True, "description": description}
 
 
 def _rate_limit() -> dict[str, Any]:
@@ -339,7 +419,33 @@ QUEUE_SCHEMA: dict[str, Any] = {
                 ),
             },
         },
-        "database": _database(),
+        "disruption": {
+            "type": "object",
+            "description": "A PodDisruptionBudget for the runner pods (owned by the Queue), so "
+            "a node drain or another voluntary eviction takes at most maxUnavailable of them at "
+            "once. Unset: none. A scale-down is not an eviction: the budget never holds the "
+            "autoscaler back. maxUnavailable rather than minAvailable because the pods scale: "
+            "a minimum above the current replicas would block every drain.",
+            "required": ["maxUnavailable"],
+            "properties": {
+                "maxUnavailable": _int_or_percent(
+                    "At most this many runner pods (a count, or a percentage such as 25%) may "
+                    "be evicted at once."
+                ),
+            },
+            "x-kubernetes-validations": [
+                {
+                    # Guarded by has(): the rule must hold on partial objects.
+                    "rule": "!has(self.maxUnavailable) || (type(self.maxUnavailable) == string "
+                    f"? self.maxUnavailable.matches('{PERCENT_PATTERN}') : "
+                    "self.maxUnavailable >= 0)",
+                    "message": "spec.disruption.maxUnavailable: a count of 0 or more, or a "
+                    "percentage such as 25%",
+                    "fieldPath": ".maxUnavailable",
+                },
+            ],
+        },
+        "database": _database(queue=True),
         "runner": {
             "type": "object",
             "description": "The pods that run `shigoto run` for this queue.",
@@ -481,6 +587,25 @@ QUEUE_STATUS_SCHEMA: dict[str, Any] = {
             },
         },
         "lastScaleTime": _string("When replicas last changed.", format="date-time"),
+        "connectionBudget": {
+            "type": "object",
+            "description": "spec.database.maxConnections at work: what one runner pod may "
+            "hold, how many pods that allows, and what the pods wanted now may hold.",
+            "properties": {
+                "maxConnections": _integer("spec.database.maxConnections."),
+                "perPod": _integer(
+                    "Connections one runner pod holds at most (its SHIGOTO_MAX_CONNECTIONS)."
+                ),
+                "maxReplicas": _integer("Runner pods the budget allows: maxConnections / perPod."),
+                "connections": _integer("desiredReplicas x perPod."),
+            },
+        },
+        "pendingMigrations": {
+            "type": "array",
+            "description": "Versions of the migrations this operator has that the database "
+            "has not applied yet; empty once current.",
+            "items": {"type": "integer", "format": "int32"},
+        },
         "conditions": _conditions(),
     },
 }
@@ -599,8 +724,7 @@ QUEUE_ROOT_VALIDATIONS: list[dict[str, Any]] = [
     {
         "rule": "!has(self.spec) || !has(self.spec.forward) || ("
         + " && ".join(
-            f"(!has(self.spec.forward.{state}) || "
-            f"self.spec.forward.{state} != {_QUEUE_NAME_EXPR})"
+            f"(!has(self.spec.forward.{state}) || self.spec.forward.{state} != {_QUEUE_NAME_EXPR})"
             for state in FORWARD_STATES
         )
         + ")",

@@ -14,7 +14,14 @@ reconciled, and is forgotten when the last of them goes. While known it has:
   schedule row is locked while it is enqueued.
 - while the operator serves metrics, a probe every `metrics_interval` that asks the database
   how long each queue's oldest available job has waited and which runners heartbeat, and
-  notes whether it answered (`health`, read by `shigoto_operator.metrics` at scrape time).
+  notes whether it answered (`health`, read by `shigoto_operator.metrics` at scrape time);
+- its migration (`migrations.Migrator`: in the background, once per target version) and who
+  to wake when something happens there (`wakeups.Wakeups`: new jobs of Queues at zero).
+
+Connections follow `shigoto.db.routes`: through a transaction pooler (`database.pooler`) the
+pool prepares no statements, and what needs a session (LISTEN, migrations) takes the direct
+URL (`database.directUrlSecretRef`) when there is one. Every connection names itself
+`shigoto-operator...` in `pg_stat_activity`.
 """
 
 from __future__ import annotations
@@ -22,8 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Callable
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,12 +42,15 @@ from shigoto.config import RunnerSettings
 from shigoto.cron.scheduler import CronScheduler
 from shigoto.db import ops_statements
 from shigoto.db import runtime_statements as statements
-from shigoto.db.migrate import amigrate, current_version, latest_version
-from shigoto.errors import MigrationError
+from shigoto.db.migrate import apending, latest_version
+from shigoto.db.routes import Routes
 from shigoto.runtime.elector import Elector
 from shigoto_operator.config import OperatorConfig
 from shigoto_operator.dbcounts import QUERY_TIMEOUT, CountsCache
 from shigoto_operator.metrics import DatabaseHealth, DatabaseSample
+from shigoto_operator.migrations import MigrationState, Migrator, describe_versions
+from shigoto_operator.status import MIGRATING, MIGRATION_FAILED
+from shigoto_operator.wakeups import Wakeups
 
 log = logging.getLogger("shigoto.operator.databases")
 
@@ -49,11 +58,6 @@ ELECTION_NAME = "operator-cron"
 
 Key = tuple[str, str]  # (url, schema)
 
-#: Longest wait between two migration attempts on a database that keeps failing them.
-MIGRATE_BACKOFF_MAX = 300.0
-#: How long one migration may take before the pass reports it as failed. The migration is
-#: then cancelled: its connection closes and the server rolls back its one transaction.
-MIGRATE_TIMEOUT = 120.0
 #: How long stopping waits for the cron, elector and probe loops to end their tick in flight
 #: (each statement of a tick is bounded by `QUERY_TIMEOUT`) before cancelling them.
 STOP_TIMEOUT = QUERY_TIMEOUT + 1.0
@@ -67,12 +71,15 @@ class SchemaCheck:
     """The outcome of making sure a database holds the current shigoto_ tables.
 
     `problem` is (condition reason, message) while it does not: SchemaNotMigrated (reachable,
-    tables missing or old, and migrating is not the operator's job), MigrationFailed, or
-    DatabaseUnreachable. `applied` lists the migrations this very check ran, for an Event.
+    tables missing or old, and migrating is not the operator's job), Migrating (in the
+    background, with where it stands), MigrationFailed (not retried for this attempt), or
+    DatabaseUnreachable. `pending` lists the versions the database lacks, when read;
+    `migration` is where the database's migration stands, for the objects' Events.
     """
 
     problem: tuple[str, str] | None = None
-    applied: tuple[int, ...] = ()
+    pending: tuple[int, ...] | None = None
+    migration: MigrationState | None = None
 
 
 def describe(url: str) -> str:
@@ -89,21 +96,39 @@ def describe(url: str) -> str:
 class Database:
     """One database's pool, counts cache, and leader-elected cron scheduler."""
 
-    def __init__(self, url: str, schema: str, config: OperatorConfig) -> None:
+    def __init__(
+        self,
+        url: str,
+        schema: str,
+        config: OperatorConfig,
+        *,
+        pooler: str = "none",
+        direct_url: str | None = None,
+    ) -> None:
         self.url = url
         self.schema = schema
         self.name = f"{describe(url)} (schema {schema})"
+        self.routes = Routes(url, pooler, direct_url)
         self.pool = AsyncConnectionPool(
             url,
             min_size=1,
             max_size=4,
             open=False,
             name=f"shigoto-operator {self.name}",
-            kwargs={"autocommit": True},
+            kwargs=self.routes.kwargs(url, "operator"),
             timeout=QUERY_TIMEOUT,
         )
         self.counts = CountsCache(self.pool, schema)
-        self.elector = Elector(url, schema, interval=config.leader_interval, name=ELECTION_NAME)
+        self.elector = Elector(
+            url, schema, interval=config.leader_interval, name=ELECTION_NAME,
+            connect_kwargs=self.routes.kwargs(url, "operator-elector"),
+        )  # fmt: skip
+        session = self.routes.session_url
+        self.wakeups = Wakeups(
+            self.name, schema, session,
+            self.routes.kwargs(session, "operator-listen") if session else {},
+        )  # fmt: skip
+        self.migrator = Migrator(self.name, schema, on_change=self._migration_moved)
         # No cron ticks before the tables exist: each would only fail and log.
         self.scheduler = CronScheduler(
             self.pool,
@@ -113,9 +138,6 @@ class Database:
         )
         self.schema_current = False
         self._schema_lock = asyncio.Lock()
-        self._migrate_failures = 0
-        self._migrate_retry_at = 0.0
-        self._last_check = SchemaCheck()
         self._tasks: list[asyncio.Task[None]] = []
         #: The last probe for the metrics; None before the first, or when metrics are off.
         self.health: DatabaseHealth | None = None
@@ -176,6 +198,8 @@ class Database:
     async def stop(self) -> None:
         self._closing.set()
         self.scheduler.stop()
+        await self.wakeups.stop()
+        await self.migrator.stop()
         await self.elector.stop()
         tasks = [*self._tasks, *([self._prober] if self._prober is not None else [])]
         await _end(tasks, STOP_TIMEOUT)
@@ -183,74 +207,97 @@ class Database:
         log.info("stopped watching database %s", self.name)
 
     async def ensure_schema(
-        self,
-        migration_url: str | None,
-        *,
-        migrate_it: bool,
-        clock: Callable[[], float] = time.monotonic,
+        self, migration_url: str | None, *, migrate_it: bool, attempt: Hashable
     ) -> SchemaCheck:
         """Make sure the tables are current: migrate them (`migrate_it`), or only check.
 
         Once current, later calls answer at once: migrations only move forward, and a runner
-        or the CLI migrating meanwhile can only make them newer. A failing migration is tried
-        again with a growing pause (up to `MIGRATE_BACKOFF_MAX`), not on every pass.
+        or the CLI migrating meanwhile can only make them newer. Migrating never holds the
+        caller: it starts in the background (`Migrator`) and the caller learns where it
+        stands; a failure is not started again for an `attempt` (an object at a generation)
+        that saw it (see `migrations`). `migration_url` (a migration role's) wins over the
+        direct URL, which wins over the main one: migrations need a session.
         """
         if self.schema_current:
-            return SchemaCheck()
+            return SchemaCheck(pending=(), migration=self.migrator.state)
         async with self._schema_lock:
             if self.schema_current:
-                return SchemaCheck()
+                return SchemaCheck(pending=(), migration=self.migrator.state)
             if migrate_it:
-                check = await self._migrate(migration_url or self.url, clock)
-            else:
-                check = await self._check_version()
-            self.schema_current = check.problem is None
-            self._last_check = check
-            return check
+                url = migration_url or self.routes.migrate_url
+                if url is None:
+                    return SchemaCheck((MIGRATION_FAILED, self._no_session()))
+                return await self._migrate(url, attempt)
+            return await self._check_version()
 
-    async def _migrate(self, url: str, clock: Callable[[], float]) -> SchemaCheck:
-        if clock() < self._migrate_retry_at:
-            return self._last_check  # still backing off after a failure
+    def _no_session(self) -> str:
+        """Behind a transaction pooler with neither a direct nor a migration URL: migrations
+        take a session lock and build indexes outside transactions, which the pooler cannot
+        give, so nothing is tried."""
+        return (
+            f"{self.name}: spec.database.pooler is transaction, and migrations need a session "
+            "of their own: set spec.database.directUrlSecretRef (or migrationSecretRef) to a "
+            "URL straight to PostgreSQL, or set spec.database.migrate: false and run "
+            "`shigoto migrate` against the server itself"
+        )
+
+    async def _migrate(self, url: str, attempt: Hashable) -> SchemaCheck:
+        migrator = self.migrator
+        state = migrator.state
+        if not migrator.may_start(attempt, latest_version()):
+            migrator.note(attempt)
+            if state.phase == "running":
+                return SchemaCheck((MIGRATING, state.describe(self.name)), state.pending, state)
+            return SchemaCheck((MIGRATION_FAILED, self._failure(state)), state.pending, state)
         try:
-            applied = await asyncio.wait_for(
-                amigrate(url, schema=self.schema), MIGRATE_TIMEOUT
-            )
-        except (psycopg.Error, MigrationError, OSError, TimeoutError) as exc:
-            self._migrate_failures += 1
-            pause = min(MIGRATE_BACKOFF_MAX, 5.0 * 2 ** (self._migrate_failures - 1))
-            self._migrate_retry_at = clock() + pause
-            detail = str(exc).strip() or type(exc).__name__
-            return SchemaCheck(
-                (
-                    "MigrationFailed",
-                    f"{self.name}: migrating the shigoto tables failed ({detail}); next try in "
-                    f"{pause:.0f}s. Grant the role the rights to create tables in schema "
-                    f"{self.schema}, or name a role that has them in "
-                    "spec.database.migrationSecretRef",
-                )
-            )
-        self._migrate_failures = 0
-        if applied:
-            log.info("migrated %s: applied %s", self.name, applied)
-        return SchemaCheck(applied=tuple(applied))
+            pending = await self._pending()
+        except (psycopg.Error, OSError, TimeoutError) as exc:
+            return SchemaCheck(("DatabaseUnreachable", f"{self.name}: {_detail(exc)}"))
+        if not pending:
+            self.schema_current = True
+            return SchemaCheck(pending=(), migration=state)
+        migrator.start(url, pending, attempt)
+        state = migrator.state
+        return SchemaCheck((MIGRATING, state.describe(self.name)), pending, state)
+
+    def _migration_moved(self) -> None:
+        """The migration started, moved a step, or ended: a success makes the schema current,
+        and every object using the database is woken to say so."""
+        if self.migrator.state.phase == "done":
+            self.schema_current = True
+        self.wakeups.wake_all()
+
+    def _failure(self, state: MigrationState) -> str:
+        return (
+            f"{self.name}: migrating the shigoto tables to version {state.target} failed "
+            f"({state.error}); not tried again for this version until this object's spec "
+            f"changes or the operator restarts. Grant the role the rights to create tables in "
+            f"schema {self.schema}, or name a role that has them in "
+            "spec.database.migrationSecretRef"
+        )
+
+    async def _pending(self) -> tuple[int, ...]:
+        async with self.pool.connection(timeout=QUERY_TIMEOUT) as conn:
+            todo = await asyncio.wait_for(apending(conn, self.schema), QUERY_TIMEOUT)
+        return tuple(m.version for m in todo)
 
     async def _check_version(self) -> SchemaCheck:
-        latest = latest_version()
         try:
-            async with self.pool.connection(timeout=QUERY_TIMEOUT) as conn:
-                version = await asyncio.wait_for(current_version(conn, self.schema), QUERY_TIMEOUT)
+            pending = await self._pending()
         except (psycopg.Error, OSError, TimeoutError) as exc:
-            detail = str(exc).strip() or type(exc).__name__
-            return SchemaCheck(("DatabaseUnreachable", f"{self.name}: {detail}"))
-        if version >= latest:
-            return SchemaCheck()
+            return SchemaCheck(("DatabaseUnreachable", f"{self.name}: {_detail(exc)}"))
+        if not pending:
+            self.schema_current = True
+            return SchemaCheck(pending=())
         return SchemaCheck(
             (
                 "SchemaNotMigrated",
-                f"{self.name}: the shigoto tables are at version {version}, this operator "
-                f"needs {latest}; run `shigoto migrate --schema {self.schema}` with a role "
+                f"{self.name}: the shigoto tables lack migrations "
+                f"{describe_versions(pending)} (this operator needs version "
+                f"{latest_version()}); run `shigoto migrate --schema {self.schema}` with a role "
                 "that may create tables, or set spec.database.migrate: true",
-            )
+            ),
+            pending,
         )
 
     async def cron_row(self, name: str) -> dict[str, Any] | None:
@@ -277,6 +324,10 @@ async def _end(tasks: list[asyncio.Task[None]], timeout: float) -> None:
             log.warning("%s did not stop; left behind", task.get_name())
 
 
+def _detail(exc: BaseException) -> str:
+    return str(exc).strip() or type(exc).__name__
+
+
 async def _rows(conn: psycopg.AsyncConnection[Any], query: str) -> list[tuple[Any, ...]]:
     cur = await conn.execute(query)
     return await cur.fetchall()
@@ -298,10 +349,18 @@ class Databases:
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def acquire(
-        self, url: str, schema: str, user: str, *, queue: str | None = None
+        self,
+        url: str,
+        schema: str,
+        user: str,
+        *,
+        queue: str | None = None,
+        pooler: str = "none",
+        direct_url: str | None = None,
     ) -> Database:
         """The database for `user` (e.g. "Queue/ns/name"), started on first use. Pointing a
-        user at another database (or queue) releases what it used before."""
+        user at another database (or queue) releases what it used before. `pooler` and
+        `direct_url` are the first user's: one URL is one way to the database."""
         key = (url, schema)
         async with self._lock:
             old = self._uses.get(user)
@@ -309,7 +368,8 @@ class Databases:
                 await self._detach(user)
             db = self._dbs.get(key)
             if db is None:
-                db = self._dbs[key] = Database(url, schema, self.config)
+                db = Database(url, schema, self.config, pooler=pooler, direct_url=direct_url)
+                self._dbs[key] = db
                 await db.start()
             self._uses[user] = _Use(key, queue)
             if queue is not None:
@@ -327,6 +387,7 @@ class Databases:
         db = self._dbs.get(use.key)
         if db is None:
             return
+        db.wakeups.forget(user)
         still = [u for u in self._uses.values() if u.key == use.key]
         if use.queue is not None and not any(u.queue == use.queue for u in still):
             db.counts.forget(use.queue)

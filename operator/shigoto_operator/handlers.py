@@ -7,9 +7,16 @@ because the interval is per object (`pollIntervalSeconds`) and because a pass ev
 otherwise fill the log with "Timer succeeded". The update handlers only wake the daemon, so all
 writes to an object's status come from one place. Deletion goes through kopf's finalizer.
 
+A daemon's wait is also cut short by `wakeups` (a new job for a Queue at zero replicas, news of
+its database's migration): the reconciler gets a `wake` callable that sets the same event.
+
 The operator's Prometheus metrics (`shigoto_operator.metrics`) are served from startup to
 cleanup on `SHIGOTO_OPERATOR_METRICS_PORT`; a port already taken is logged and the operator
 goes on without them, since reconciling matters more than being watched.
+
+With `SHIGOTO_OPERATOR_PEERING` set (deploy/ sets it), startup joins kopf's peering
+(`shigoto_operator.peering`): of several replicas only the earliest started runs the daemons
+and handlers below; the others wait, paused by kopf, and take over when it goes.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Any
 
 import kopf
 
-from shigoto_operator import crds, dashboard, reconcile
+from shigoto_operator import crds, cron_reconcile, dashboard, peering, reconcile
 from shigoto_operator.config import OperatorConfig
 from shigoto_operator.databases import Databases
 from shigoto_operator.metrics import CRON_SCHEDULE, QUEUE, MetricsServer, OperatorMetrics
@@ -44,6 +51,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     )
     settings.posting.level = logging.INFO
     memo.config = OperatorConfig.from_env()
+    if peering.configure(settings, memo.config):
+        assert memo.config.peering is not None
+        await peering.ensure_object(memo.config.peering)
+        log.info("peering in ClusterKopfPeering %s with priority %s: the oldest replica acts",
+                 memo.config.peering, settings.peering.priority)  # fmt: skip
     memo.databases = Databases(memo.config)
     memo.metrics = OperatorMetrics(memo.databases.samples)
     memo.metrics_server = _serve_metrics(memo.metrics, memo.config)
@@ -87,6 +99,18 @@ def _wake(memo: kopf.Memo) -> asyncio.Event:
     if "wake" not in memo:
         memo.wake = asyncio.Event()
     return memo.wake  # type: ignore[no-any-return]
+
+
+def _waker(memo: kopf.Memo, memory: reconcile.QueueMemory | None = None) -> reconcile.Wake:
+    """`wake` for the reconciler (`wakeups`): the next pass starts now, on fresh counts."""
+    event = _wake(memo)
+
+    def wake() -> None:
+        if memory is not None:
+            memory.woken = True
+        event.set()
+
+    return wake
 
 
 async def _pause(stopped: kopf.DaemonStopped, wake: asyncio.Event, seconds: float) -> None:
@@ -140,12 +164,13 @@ async def queue_daemon(
     logger: logging.Logger,
     **_: Any,
 ) -> None:
-    memory = reconcile.QueueMemory()
+    memo.queue_memory = memory = reconcile.QueueMemory()
     emit = _emitter(body)
+    wake = _waker(memo, memory)
 
     async def pass_() -> float:
         return await reconcile.queue_pass(
-            body, memory, memo.databases, emit, memo.config, metrics=memo.metrics
+            body, memory, memo.databases, emit, memo.config, metrics=memo.metrics, wake=wake
         )
 
     try:
@@ -165,7 +190,7 @@ async def queue_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         # a pass in flight could re-create the Deployment right after it is deleted
         raise kopf.TemporaryError("waiting for the Queue's reconciler to stop", delay=1)
     try:
-        await reconcile.delete_queue(body, memo.databases, _emitter(body))
+        await reconcile.delete_queue(body, memo.get("queue_memory"), memo.databases, _emitter(body))
     except reconcile.Retry as exc:
         raise kopf.TemporaryError(str(exc), delay=exc.delay) from exc
 
@@ -181,11 +206,13 @@ async def cron_daemon(
     logger: logging.Logger,
     **_: Any,
 ) -> None:
-    memo.cron_memory = memory = reconcile.CronMemory()
+    memo.cron_memory = memory = cron_reconcile.CronMemory()
     emit = _emitter(body)
 
     async def pass_() -> float:
-        return await reconcile.cron_pass(body, memory, memo.databases, emit, memo.config)
+        return await cron_reconcile.cron_pass(
+            body, memory, memo.databases, emit, memo.config, wake=_waker(memo)
+        )
 
     await _run(stopped, memo, logger, CRON_SCHEDULE, pass_)
 
@@ -201,7 +228,7 @@ async def cron_deleted(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -
         # a pass in flight could write the row again right after it is removed
         raise kopf.TemporaryError("waiting for the CronSchedule's reconciler to stop", delay=1)
     try:
-        await reconcile.delete_cron(
+        await cron_reconcile.delete_cron(
             body,
             memo.get("cron_memory"),
             memo.databases,

@@ -53,6 +53,9 @@ class Resource:
 
 
 DEPLOYMENTS = Resource("apps", "v1", "deployments")
+POD_DISRUPTION_BUDGETS = Resource("policy", "v1", "poddisruptionbudgets")
+#: kopf's peering objects (cluster-scoped): see `shigoto_operator.peering`.
+CLUSTER_PEERINGS = Resource("kopf.dev", "v1", "clusterkopfpeerings")
 SCALED_OBJECTS = Resource("keda.sh", "v1alpha1", "scaledobjects")
 QUEUES = Resource(crds.GROUP, crds.VERSION, crds.QUEUE_PLURAL)
 CRON_SCHEDULES = Resource(crds.GROUP, crds.VERSION, crds.CRON_PLURAL)
@@ -221,6 +224,52 @@ def _delete(r: Resource, namespace: str, name: str) -> bool:
     return True
 
 
+def _create_cluster(r: Resource, body: dict[str, Any]) -> bool:
+    try:
+        _custom().create_cluster_custom_object(
+            r.group, r.version, r.plural, body, _preload_content=False, _request_timeout=TIMEOUT
+        )
+    except client.ApiException as exc:
+        if exc.status == 409:
+            return False  # it exists
+        raise _error(exc) from None
+    return True
+
+
+def _list_pods(namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
+    core = client.CoreV1Api(_client())
+    label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+    try:
+        answer = _decode(
+            core.list_namespaced_pod(
+                namespace,
+                label_selector=label_selector,
+                _preload_content=False,
+                _request_timeout=TIMEOUT,
+            )
+        )
+    except client.ApiException as exc:
+        raise _error(exc) from None
+    return list(answer.get("items") or [])
+
+
+def _patch_pod(namespace: str, name: str, patch: dict[str, Any]) -> None:
+    core = client.CoreV1Api(_client())
+    try:
+        core.patch_namespaced_pod(
+            name,
+            namespace,
+            patch,
+            _content_type=MERGE_PATCH,
+            _preload_content=False,
+            _request_timeout=TIMEOUT,
+        )
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return  # the pod went meanwhile
+        raise _error(exc) from None
+
+
 def _secret_value(namespace: str, name: str, key: str) -> str:
     core = client.CoreV1Api(_client())
     try:
@@ -286,6 +335,21 @@ async def patch_status(r: Resource, namespace: str, name: str, status: dict[str,
 async def delete(r: Resource, namespace: str, name: str) -> bool:
     """Delete; False if there was nothing to delete."""
     return await _in_thread(_delete, r, namespace, name)
+
+
+async def create_cluster(r: Resource, body: dict[str, Any]) -> bool:
+    """Create a cluster-scoped object; False if it exists already."""
+    return await _in_thread(_create_cluster, r, body)
+
+
+async def list_pods(namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
+    """The pods of `namespace` whose labels match `selector`."""
+    return await _in_thread(_list_pods, namespace, selector)
+
+
+async def patch_pod(namespace: str, name: str, patch: dict[str, Any]) -> None:
+    """A JSON merge patch of a pod (a vanished pod is not an error)."""
+    await _in_thread(_patch_pod, namespace, name, patch)
 
 
 async def secret_value(namespace: str, name: str, key: str) -> str:

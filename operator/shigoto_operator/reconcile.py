@@ -1,52 +1,66 @@
-"""One reconciliation pass of a Queue or a CronSchedule: measure, compare, close the gap.
+"""One reconciliation pass of a Queue: measure, compare, close the gap (a CronSchedule's is in
+`cron_reconcile`, on the helpers here: the database, problems, status writes).
 
 Level-based, not edge-based: a pass reads the object, its Secret, its Deployment and the
 database, and makes them agree, whatever happened before. It runs on creation, on every spec
-change (the update handler wakes it) and every poll interval, so a spec change rolls the pods at
-once and manual drift (replicas, the pod template, a cron row or queue setting edited in the
-database) is undone on the next poll. Safe to run twice.
+change (the update handler wakes it), every poll interval, and when `wakeups` says something
+happened (new jobs while at zero replicas, the database's migration moved on), so a spec change
+rolls the pods at once and manual drift (replicas, the pod template, a queue setting edited in
+the database) is undone on the next poll. Safe to run twice, and by two operators one after the
+other: what must outlive a pass beyond the cluster's own objects (who owns a queue) is in the
+database.
 
-No kopf here: `handlers` adapts kopf's arguments and passes `emit` (Kubernetes Events) in;
-errors a handler should retry surface as `Retry`. The little a pass must remember between polls
-(the scale-down window, the last decided replicas, where a cron row was written) lives in a
-`QueueMemory` / `CronMemory` owned by the object's daemon, i.e. in the operator's memory.
+A pass of a Queue, in order: its Secret and database (migrated in the background), its claim on
+the queue (`ownership`: a Queue naming a queue another owns changes nothing), the queue's
+shared settings (`shared_settings`), the autoscaling decision (`policy`) held to the connection
+budget (`budget`), the pods' deletion costs (`deletion_cost`), then the Deployment, the
+ScaledObject and the PodDisruptionBudget (`disruption`), and the status.
+
+No kopf here: `handlers` adapts kopf's arguments and passes `emit` (Kubernetes Events) and
+`wake` in; errors a handler should retry surface as `Retry`. The little a pass must remember
+between polls (the scale-down window, the last decided replicas, what it owns) lives in a
+`QueueMemory` owned by the object's daemon, i.e. in the operator's memory.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg_pool import PoolTimeout
 
-from shigoto import cron
-from shigoto.client import queue_settings
-from shigoto.cron import expression
-from shigoto.errors import ValidationError
-from shigoto_operator import builders, k8s, policy, replicas
+from shigoto_operator import (
+    budget,
+    builders,
+    deletion_cost,
+    disruption,
+    k8s,
+    migrations,
+    ownership,
+    policy,
+    replicas,
+    shared_settings,
+)
 from shigoto_operator.config import OperatorConfig
 from shigoto_operator.databases import Database, Databases, describe
-from shigoto_operator.dbcounts import QUERY_TIMEOUT, CountsUnavailable, Reading
+from shigoto_operator.dbcounts import CountsUnavailable, Reading
 from shigoto_operator.metrics import OperatorMetrics
 from shigoto_operator.spec import (
-    CronScheduleSpec,
     DatabaseRef,
     QueueSpec,
     SpecError,
-    parse_cron,
     parse_queue,
 )
 from shigoto_operator.status import (
+    MIGRATING,
+    QUEUE_NAME_CONFLICT,
     SCHEMA_REASONS,
-    CronRow,
     Problem,
-    cron_status,
     needs_patch,
     queue_status,
 )
@@ -55,8 +69,23 @@ log = logging.getLogger("shigoto.operator")
 
 #: (type "Normal" or "Warning", reason, message): a Kubernetes Event on the object.
 Emit = Callable[[str, str, str], None]
+#: Cuts the object's wait for its next pass short (`wakeups`).
+Wake = Callable[[], None]
 
-_DB_ERRORS = (psycopg.Error, PoolTimeout, OSError)
+DB_ERRORS = (psycopg.Error, PoolTimeout, OSError)
+
+
+class Memory(Protocol):
+    """What every object's daemon keeps between passes for the helpers below."""
+
+    problem: str | None
+    written: dict[str, Any] | None
+    migration: tuple[int, str] | None
+
+
+#: Attempts to remove a CronSchedule's row from an unreachable database before its object is
+#: let go with a Warning: a namespace being deleted must not hang in Terminating forever.
+DELETE_ATTEMPTS = 5
 
 
 class Retry(Exception):
@@ -67,7 +96,7 @@ class Retry(Exception):
         self.delay = delay
 
 
-def _utcnow() -> datetime:
+def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
@@ -79,14 +108,17 @@ def cron_user(namespace: str, name: str) -> str:
     return f"CronSchedule/{namespace}/{name}"
 
 
-def _meta(body: Mapping[str, Any]) -> tuple[str, str, int | None]:
+def meta(body: Mapping[str, Any]) -> tuple[str, str, int | None]:
     meta = body.get("metadata") or {}
     return meta["namespace"], meta["name"], meta.get("generation")
 
 
-def _report(memory: QueueMemory | CronMemory, emit: Emit, problem: Problem | None) -> None:
+def report_problem(memory: Memory, emit: Emit, problem: Problem | None) -> None:
     """A Warning Event when a problem appears or changes, a Normal one when it clears; not one
-    per poll."""
+    per poll. A migration under way is no problem to warn about (it has its own Events:
+    `migrations.event`), and its progress changes the message at every step."""
+    if problem is not None and problem.reason == MIGRATING:
+        problem = None
     key = None if problem is None else f"{problem.reason}: {problem.message}"
     if key == memory.problem:
         return
@@ -97,10 +129,10 @@ def _report(memory: QueueMemory | CronMemory, emit: Emit, problem: Problem | Non
     memory.problem = key
 
 
-async def _write_status(
+async def write_status(
     resource: k8s.Resource,
     body: Mapping[str, Any],
-    memory: QueueMemory | CronMemory,
+    memory: Memory,
     status: dict[str, Any],
 ) -> None:
     """Patch the status unless it already says all this. Compared with the object kopf last
@@ -109,7 +141,7 @@ async def _write_status(
     if needs_patch(body.get("status"), status) or (
         written is not None and needs_patch(written, status)
     ):
-        namespace, name, _ = _meta(body)
+        namespace, name, _ = meta(body)
         await k8s.patch_status(resource, namespace, name, status)
         memory.written = status
 
@@ -126,8 +158,17 @@ class QueueMemory:
     desired: int | None = None
     scaled_at: datetime | None = None
     keda: bool | None = None  # None: not known whether a ScaledObject exists
+    pdb: bool | None = None  # the same for the PodDisruptionBudget
     problem: str | None = None
     written: dict[str, Any] | None = None
+    #: The database's migration run and phase this object last saw (`migrations.event`).
+    migration: tuple[int, str] | None = None
+    #: (url, schema, queue) this Queue owns, so a rename or deletion lets go of it.
+    owned: tuple[str, str, str] | None = None
+    #: Set by a wake-up on new jobs: the next pass reads fresh counts, not the cache's.
+    woken: bool = False
+    #: The connection budget the last Event announced as holding the replicas.
+    budget_held: str | None = None
 
 
 def _initial_replicas(
@@ -141,145 +182,88 @@ def _initial_replicas(
     return spec.autoscaling.min_replicas
 
 
-async def _open_database(
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """What `open_database` found: the database (None without its Secret), its URL, the
+    problem keeping it from use, and the migrations it lacks (None: not read)."""
+
+    db: Database | None
+    url: str | None = None
+    problem: Problem | None = None
+    pending: tuple[int, ...] | None = None
+
+
+async def open_database(
     namespace: str,
     ref: DatabaseRef,
     databases: Databases,
     user: str,
     emit: Emit,
+    memory: Memory,
     *,
+    generation: int | None,
     queue: str | None = None,
-) -> tuple[Database | None, str | None, Problem | None]:
-    """(database, url, problem): read the Secret(s), acquire the database, and make sure its
-    tables are current (migrating them unless `database.migrate` is false).
+) -> Opened:
+    """Read the Secret(s), acquire the database, and make sure its tables are current
+    (migrating them in the background unless `database.migrate` is false).
 
     The operator migrates because nothing else may: with `minReplicas: 0` no runner pod
-    starts until jobs are counted, and services cannot enqueue into missing tables.
+    starts until jobs are counted, and services cannot enqueue into missing tables. A
+    migration that failed is not started again for this object until its generation changes.
     """
     try:
         url = await k8s.secret_value(namespace, ref.secret_name, ref.secret_key)
-        migration_url = None
+        migration_url = direct_url = None
         if ref.migration_secret is not None:
             migration_url = await k8s.secret_value(namespace, *ref.migration_secret)
+        if ref.direct_secret is not None:
+            direct_url = await k8s.secret_value(namespace, *ref.direct_secret)
     except k8s.SecretError as exc:
-        return None, None, Problem(exc.reason, exc.message)
-    db = await databases.acquire(url, ref.schema, user, queue=queue)
-    check = await db.ensure_schema(migration_url, migrate_it=ref.migrate)
-    if check.applied:
-        applied = ", ".join(str(version) for version in check.applied)
-        emit("Normal", "Migrated", f"{db.name}: applied migrations {applied}")
+        return Opened(None, problem=Problem(exc.reason, exc.message))
+    db = await databases.acquire(
+        url, ref.schema, user, queue=queue, pooler=ref.pooler, direct_url=direct_url
+    )
+    check = await db.ensure_schema(
+        migration_url, migrate_it=ref.migrate, attempt=(user, generation)
+    )
+    posted, memory.migration = migrations.event(check.migration, memory.migration, db.name)
+    if posted is not None:
+        emit(*posted)
     if check.problem is not None:
         reason, message = check.problem
-        return db, url, Problem(reason, message, reachable=reason in SCHEMA_REASONS)
-    return db, url, None
+        problem = Problem(reason, message, reachable=reason in SCHEMA_REASONS)
+        return Opened(db, url, problem, check.pending)
+    return Opened(db, url, None, check.pending)
 
 
 async def _read_database(
-    spec: QueueSpec, databases: Databases, user: str, emit: Emit
-) -> tuple[Reading | None, Problem | None, Database | None]:
-    """(reading, problem, database): the Secret, the schema, then the counts from the cache."""
-    db, _, problem = await _open_database(
-        spec.namespace, spec.database, databases, user, emit, queue=spec.queue_name
-    )
-    if db is None or problem is not None:
-        return None, problem, db
+    spec: QueueSpec,
+    databases: Databases,
+    user: str,
+    emit: Emit,
+    memory: QueueMemory,
+    generation: int | None,
+) -> tuple[Reading | None, Opened]:
+    """The counts from the cache (fresh after a wake-up), once the database is usable."""
+    opened = await open_database(
+        spec.namespace, spec.database, databases, user, emit, memory,
+        generation=generation, queue=spec.queue_name,
+    )  # fmt: skip
+    db = opened.db
+    if db is None or opened.problem is not None:
+        return None, opened
+    fresh = memory.woken
+    memory.woken = False
     try:
         reading = await db.counts.get(
-            spec.queue_name, max_age=spec.autoscaling.poll_interval_seconds / 2
+            spec.queue_name, max_age=0 if fresh else spec.autoscaling.poll_interval_seconds / 2
         )
     except CountsUnavailable as exc:
         if exc.reason in SCHEMA_REASONS:
             db.schema_current = False  # the tables went away: migrate (or check) again
         problem = Problem(exc.reason, f"{db.name}: {exc}", reachable=exc.reason in SCHEMA_REASONS)
-        return None, problem, db
-    return reading, None, db
-
-
-async def _apply_settings(
-    spec: QueueSpec, db: Database, reading: Reading, emit: Emit
-) -> Problem | None:
-    """Make the queue's shared settings (paused, global limit, dead-letter forwarding, fan-out,
-    flow control)
-    in the database say what the spec says; running runners pick a change up within seconds,
-    and the forwarding trigger reads `forward` in each finishing transaction. Written through
-    the database's own pool, which goes when the last object using the database does.
-
-    The counts reading carries paused and the limit, so those are written only when they
-    differ; `forward` and `fanout` are not in it, so they are written on every pass by
-    statements that change the row only when it differs (and say whether it did): drift
-    closes on the next poll and an Event reports only real changes."""
-    wanted = (spec.paused, spec.global_concurrency)
-    limits_differ = reading.paused is None or (reading.paused, reading.global_concurrency) != wanted
-    forward = dict(spec.forward) if spec.forward else None
-    try:
-        async with db.pool.connection(timeout=QUERY_TIMEOUT) as conn:
-            write = queue_settings.write_settings(
-                conn,
-                spec.database.schema,
-                spec.queue_name,
-                paused=spec.paused if limits_differ else None,
-                global_concurrency=(
-                    spec.global_concurrency if limits_differ else queue_settings.UNSET
-                ),
-                forward=forward,
-                fanout=spec.fanout,
-                fair=spec.fair,
-                weight=spec.weight,
-                partition_concurrency=spec.partition_concurrency,
-                rate_limit=dict(spec.rate_limit) if spec.rate_limit else None,
-                encrypted=spec.encrypt_queue,
-            )
-            changed = await asyncio.wait_for(write, QUERY_TIMEOUT)
-    except _DB_ERRORS as exc:
-        return Problem("DatabaseUnreachable", f"{db.name}: writing queue settings: {exc}")
-    except ValidationError as exc:  # parse_queue checked it already; a guard, not a path
-        return Problem("InvalidSpec", f"spec.{exc.field}: {exc.message}", reachable=True)
-    if limits_differ:
-        limit = spec.global_concurrency if spec.global_concurrency is not None else "none"
-        emit(
-            "Normal",
-            "SettingsApplied",
-            f"queue {spec.queue_name}: paused={str(spec.paused).lower()}, "
-            f"globalConcurrency={limit}",
-        )
-    if "forward" in changed:
-        described = ", ".join(f"{k} -> {v}" for k, v in (forward or {}).items()) or "none"
-        emit("Normal", "ForwardApplied", f"queue {spec.queue_name}: forward {described}")
-    if "fanout" in changed:
-        emit(
-            "Normal",
-            "FanoutApplied",
-            f"queue {spec.queue_name}: fanout={str(spec.fanout).lower()}",
-        )
-    if "encrypted" in changed:
-        emit("Normal", "EncryptionApplied",
-             f"queue {spec.queue_name}: encrypted={str(spec.encrypt_queue).lower()}")  # fmt: skip
-    flow = sorted(changed & FLOW_SETTINGS)
-    if flow:
-        emit("Normal", "FlowControlApplied",
-             f"queue {spec.queue_name}: {_describe_flow(spec, flow)}")  # fmt: skip
-    return None
-
-
-#: The flow-control settings (docs/flow-control.md) `write_settings` reports as changed.
-FLOW_SETTINGS = frozenset({"fair", "weight", "partition_concurrency", "rate_limit"})
-
-
-
-def _describe_flow(spec: QueueSpec, changed: list[str]) -> str:
-    """The changed flow settings as the Queue spells them, for the Event."""
-    values = {
-        "fair": str(spec.fair).lower(),
-        "weight": str(spec.weight),
-        "partition_concurrency": str(spec.partition_concurrency or "none"),
-        "rate_limit": (
-            "none" if not spec.rate_limit
-            else "{limit}/{per}s {algorithm} burst {burst}".format(**spec.rate_limit)
-            + (" per partition" if spec.rate_limit["by_partition"] else "")
-        ),
-    }  # fmt: skip
-    names = {"partition_concurrency": "partitionConcurrency", "rate_limit": "rateLimit"}
-    return ", ".join(f"{names.get(key, key)}={values[key]}" for key in changed)
+        return None, Opened(db, opened.url, problem, opened.pending)
+    return reading, opened
 
 
 async def _ensure_deployment(
@@ -290,11 +274,13 @@ async def _ensure_deployment(
     emit: Emit,
     *,
     scaled: bool,
+    share: budget.Budget | None = None,
 ) -> dict[str, Any]:
     """Create the runner Deployment, or patch the live one where it differs from the spec
     (template) or the autoscaler (replicas)."""
     name = builders.runner_name(spec.name)
-    desired = builders.deployment(spec, owner, replicas=replicas)
+    per_pod = share.per_pod if share is not None else None
+    desired = builders.deployment(spec, owner, replicas=replicas, max_connections=per_pod)
     if live is None:
         created = await k8s.create(k8s.DEPLOYMENTS, spec.namespace, desired)
         emit(
@@ -327,12 +313,18 @@ async def _ensure_deployment(
 
 
 async def _ensure_keda(
-    spec: QueueSpec, owner: Mapping[str, Any], memory: QueueMemory, emit: Emit
+    spec: QueueSpec,
+    owner: Mapping[str, Any],
+    memory: QueueMemory,
+    emit: Emit,
+    share: budget.Budget | None = None,
 ) -> None:
-    """The ScaledObject exists exactly while `autoscaling.mode` is keda."""
+    """The ScaledObject exists exactly while `autoscaling.mode` is keda (its maximum held to
+    the connection budget)."""
     name = builders.runner_name(spec.name)
     if spec.autoscaling.mode == "keda":
-        desired = builders.scaled_object(spec, owner)
+        most = share.max_pods if share is not None else None
+        desired = builders.scaled_object(spec, owner, max_replicas=most)
         live = await k8s.get(k8s.SCALED_OBJECTS, spec.namespace, name)
         if live is None:
             await k8s.create(k8s.SCALED_OBJECTS, spec.namespace, desired)
@@ -361,7 +353,7 @@ async def _record_replicas(
         return
     try:
         await replicas.record(db.pool, spec.database.schema, spec.queue_name, int(count))
-    except (*_DB_ERRORS, TimeoutError) as exc:
+    except (*DB_ERRORS, TimeoutError) as exc:
         log.warning("%s: recording %s replicas of queue %s: %s",
                     db.name, count, spec.queue_name, exc)  # fmt: skip
 
@@ -374,11 +366,13 @@ async def queue_pass(
     config: OperatorConfig,
     *,
     monotonic: Callable[[], float] = time.monotonic,
-    now: Callable[[], datetime] = _utcnow,
+    now: Callable[[], datetime] = utcnow,
     metrics: OperatorMetrics | None = None,
+    wake: Wake | None = None,
 ) -> float:
-    """Reconcile one Queue; returns the seconds until the next pass."""
-    namespace, name, generation = _meta(body)
+    """Reconcile one Queue; returns the seconds until the next pass (`wake` cuts it short:
+    new jobs while at zero replicas, news of the database's migration)."""
+    namespace, name, generation = meta(body)
     previous = dict(body.get("status") or {})
     if (body.get("metadata") or {}).get("deletionTimestamp"):
         return config.retry_interval  # being deleted: the delete handler cleans up
@@ -386,8 +380,8 @@ async def queue_pass(
         spec = parse_queue(name, namespace, body.get("spec"))
     except SpecError as exc:
         problem = Problem("InvalidSpec", str(exc))
-        _report(memory, emit, problem)
-        await _write_status(
+        report_problem(memory, emit, problem)
+        await write_status(
             k8s.QUEUES,
             body,
             memory,
@@ -395,10 +389,17 @@ async def queue_pass(
         )
         return config.retry_interval
 
-    reading, problem, db = await _read_database(spec, databases, queue_user(namespace, name), emit)
-    if reading is not None and db is not None:
-        problem = await _apply_settings(spec, db, reading, emit)
+    user = queue_user(namespace, name)
+    reading, opened = await _read_database(spec, databases, user, emit, memory, generation)
+    db, problem = opened.db, opened.problem
+    if reading is not None and db is not None and opened.url is not None:
+        problem, memory.owned = await ownership.own(spec, db, opened.url, body, memory.owned, emit)
+        if problem is None:
+            problem = await shared_settings.apply(spec, db, reading, emit)
+    if problem is not None and problem.reason == QUEUE_NAME_CONFLICT:
+        return await _conflicted(body, spec, memory, emit, problem, now(), previous, config)
 
+    share = budget.plan(spec)
     keda = spec.autoscaling.mode == "keda"
     live = await k8s.get(k8s.DEPLOYMENTS, namespace, builders.runner_name(name))
     decision = None
@@ -417,9 +418,13 @@ async def queue_pass(
                 current, reading.counts, spec.autoscaling, memory.window, monotonic()
             )
             memory.window = decision.window
+            decision = budget.hold(decision, share, current)
             desired = decision.desired
         else:
             desired = policy.clamp(current, spec.autoscaling)  # no counts: hold, within bounds
+            if share is not None:
+                desired = min(desired, share.max_pods)
+        memory.budget_held = budget.announce(memory.budget_held, emit, decision, share)
         if desired != current:
             scaled = True
             memory.scaled_at = now()
@@ -435,17 +440,25 @@ async def queue_pass(
 
     api_problem = None
     try:
+        if db is not None and problem is None:
+            await deletion_cost.mark_quietly(db.pool, spec, live)
         live = await _ensure_deployment(
-            spec, body, live, None if keda else memory.desired, emit, scaled=scaled
+            spec, body, live, None if keda else memory.desired, emit, scaled=scaled, share=share
         )
-        await _ensure_keda(spec, body, memory, emit)
+        await _ensure_keda(spec, body, memory, emit, share)
+        memory.pdb = await disruption.ensure(spec, body, memory.pdb, emit)
     except k8s.ApiError as exc:
         api_problem = Problem("ApiError", f"Kubernetes API: {exc}")
-    if db is not None and problem is None:
-        await _record_replicas(db, spec, None if keda else memory.desired, live)
-    _report(memory, emit, problem or api_problem)
+    if db is not None:
+        at_zero = problem is None and not keda and memory.desired == 0
+        if wake is not None:
+            db.wakeups.watch(user, wake, queue=spec.queue_name if at_zero else None)
+        if problem is None:
+            await _record_replicas(db, spec, None if keda else memory.desired, live)
+    report_problem(memory, emit, problem or api_problem)
 
-    await _write_status(
+    desired_now = None if keda else memory.desired
+    await write_status(
         k8s.QUEUES,
         body,
         memory,
@@ -456,249 +469,71 @@ async def queue_pass(
             database_problem=problem,
             deployment_problem=api_problem,
             deployment=live,
-            desired=None if keda else memory.desired,
+            desired=desired_now,
             counts=reading.counts if reading else None,
             decision=decision,
             keda=keda,
             scaled_at=memory.scaled_at,
+            connection_budget=share.status(desired_now) if share is not None else None,
+            pending_migrations=opened.pending,
         ),
     )
     if metrics is not None:
         metrics.observe_queue(namespace, name, spec.queue_name, deployment=live,
                               counts=reading.counts if reading else None,
-                              desired=None if keda else memory.desired,
-                              paused=spec.paused)  # fmt: skip
+                              desired=desired_now, paused=spec.paused)  # fmt: skip
     return float(spec.autoscaling.poll_interval_seconds)
 
 
-async def delete_queue(body: Mapping[str, Any], databases: Databases, emit: Emit) -> None:
-    """Remove what the Queue owns. Owner references would let a real cluster's garbage
-    collector do it too; deleting explicitly is immediate and does not depend on it."""
-    namespace, name, _ = _meta(body)
+async def _conflicted(
+    body: Mapping[str, Any], spec: QueueSpec, memory: QueueMemory, emit: Emit,
+    problem: Problem, moment: datetime, previous: Mapping[str, Any], config: OperatorConfig,
+) -> float:  # fmt: skip
+    """Another Queue owns the queue: say so and touch nothing else (no settings, no
+    Deployment, no replicas); try again every poll, so it acts once the other one goes."""
+    report_problem(memory, emit, problem)
+    namespace, _, generation = meta(body)
+    live = await k8s.get(k8s.DEPLOYMENTS, namespace, builders.runner_name(spec.name))
+    await write_status(
+        k8s.QUEUES,
+        body,
+        memory,
+        queue_status(
+            now=moment,
+            generation=generation,
+            previous=previous,
+            database_problem=problem,
+            deployment=live,
+        ),
+    )
+    return float(spec.autoscaling.poll_interval_seconds)
+
+
+async def delete_queue(
+    body: Mapping[str, Any], memory: QueueMemory | None, databases: Databases, emit: Emit
+) -> None:
+    """Remove what the Queue owns, and let go of its queue so another Queue may take it.
+    Owner references would let a real cluster's garbage collector remove the objects too;
+    deleting explicitly is immediate and does not depend on it. Letting go is one try: with
+    the database away the object still goes (a namespace being deleted must not hang on it),
+    with a Warning, and the record left behind is stale: the next Queue naming the queue
+    takes it over (`ownership`)."""
+    namespace, name, _ = meta(body)
     runner = builders.runner_name(name)
     try:
         await k8s.delete(k8s.SCALED_OBJECTS, namespace, runner)
+        await k8s.delete(k8s.POD_DISRUPTION_BUDGETS, namespace, runner)
         if await k8s.delete(k8s.DEPLOYMENTS, namespace, runner):
             emit("Normal", "DeploymentDeleted", f"deleted Deployment {runner}")
     except k8s.ApiError as exc:
         raise Retry(f"cannot delete {runner} yet: {exc}") from exc
+    target = memory.owned if memory is not None else None
+    target = target or await ownership.owned_target(body)
+    if target is not None:
+        try:
+            await ownership.release_target(target, ownership.body_owner(body))
+        except (*DB_ERRORS, TimeoutError) as exc:
+            where = f"queue {target[2]} in {describe(target[0])}"
+            message = f"cannot let go of {where} ({exc}); the next Queue naming it takes it over"
+            emit("Warning", "QueueNotReleased", message)
     await databases.release(queue_user(namespace, name))
-
-
-# --- CronSchedule ------------------------------------------------------------------------------
-
-
-@dataclass
-class CronMemory:
-    """Where this object's row was last written (url, schema, row name), so a database change
-    removes the old row, and deletion still finds it if the Secret is gone."""
-
-    target: tuple[str, str, str] | None = None
-    problem: str | None = None
-    written: dict[str, Any] | None = None
-
-
-_CRON_FIELDS = {
-    "name": "metadata.name",
-    "timezone": "spec.timeZone",
-    "max_attempts": "spec.maxAttempts",
-    "catch_up": "spec.catchUp",
-    "catch_up_limit": "spec.catchUpLimit",
-}
-
-
-def build_schedule(spec: CronScheduleSpec) -> cron.Schedule:
-    """Validate like `shigoto.cron.schedule` does (expression, zone, worker, args...) without
-    touching the database; errors name the CronSchedule's field."""
-    try:
-        return cron.build_schedule(
-            spec.row_name,
-            spec.schedule,
-            spec.worker,
-            dict(spec.args or {}),
-            timezone=spec.time_zone,
-            queue=spec.queue,
-            priority=spec.priority,
-            max_attempts=spec.max_attempts,
-            tags=list(spec.tags) or None,
-            enabled=not spec.suspend,
-            catch_up=spec.catch_up,
-            catch_up_limit=spec.catch_up_limit,
-        )
-    except ValidationError as exc:
-        path = _CRON_FIELDS.get(exc.field, f"spec.{exc.field}")
-        raise SpecError(path.split(".", 1)[1], exc.message, root=path.split(".", 1)[0]) from None
-
-
-def _row_matches(row: Mapping[str, Any], s: cron.Schedule) -> bool:
-    return (
-        row["expression"],
-        row["timezone"],
-        row["worker"],
-        row["args"],
-        row["queue"],
-        row["priority"],
-        row["max_attempts"],
-        list(row["tags"] or []),
-        row["enabled"],
-        row["catch_up"],
-        row["catch_up_limit"],
-    ) == (
-        s.expression,
-        s.timezone,
-        s.worker,
-        s.args,
-        s.queue,
-        s.priority,
-        s.max_attempts,
-        list(s.tags),
-        s.enabled,
-        s.catch_up,
-        s.catch_up_limit,
-    )
-
-
-async def _store(db: Database, s: cron.Schedule) -> dict[str, Any]:
-    async with db.pool.connection(timeout=QUERY_TIMEOUT) as conn:
-        return await asyncio.wait_for(cron.astore_one(conn, s, db.schema), QUERY_TIMEOUT)
-
-
-async def _unschedule(target: tuple[str, str, str]) -> bool:
-    """Delete a row through a short-lived connection: the database may no longer be one the
-    operator keeps a pool for (the object moved, or is being deleted)."""
-    url, schema, row_name = target
-    conn = await psycopg.AsyncConnection.connect(
-        url, autocommit=True, connect_timeout=int(QUERY_TIMEOUT)
-    )
-    async with conn:
-        return await asyncio.wait_for(cron.aunschedule(conn, row_name, schema), QUERY_TIMEOUT)
-
-
-async def cron_pass(
-    body: Mapping[str, Any],
-    memory: CronMemory,
-    databases: Databases,
-    emit: Emit,
-    config: OperatorConfig,
-    *,
-    now: Callable[[], datetime] = _utcnow,
-) -> float:
-    """Reconcile one CronSchedule (its row, then its status); returns seconds to the next
-    pass. An invalid spec writes nothing: the row keeps its last valid version."""
-    namespace, name, generation = _meta(body)
-    previous = dict(body.get("status") or {})
-    interval = config.cron_status_interval
-    if (body.get("metadata") or {}).get("deletionTimestamp"):
-        return interval
-
-    async def report(**kwargs: Any) -> float:
-        _report(memory, emit, kwargs.get("spec_problem") or kwargs.get("database_problem"))
-        await _write_status(
-            k8s.CRON_SCHEDULES,
-            body,
-            memory,
-            cron_status(now=now(), generation=generation, previous=previous, **kwargs),
-        )
-        return interval
-
-    try:
-        spec = parse_cron(name, namespace, body.get("spec"))
-        schedule = build_schedule(spec)
-    except SpecError as exc:
-        return await report(spec_problem=Problem("InvalidSpec", str(exc)))
-
-    ref = spec.database
-    db, url, problem = await _open_database(
-        namespace, ref, databases, cron_user(namespace, name), emit
-    )
-    if db is None or url is None or problem is not None:
-        return await report(database_problem=problem)
-    target = (url, ref.schema, spec.row_name)
-    try:
-        if memory.target is not None and memory.target != target:
-            await _unschedule(memory.target)  # the object now points at another database
-            memory.target = None
-        row = await db.cron_row(spec.row_name)
-        if row is None or not _row_matches(row, schedule):
-            row = await _store(db, schedule)
-            emit(
-                "Normal",
-                "Scheduled",
-                f"stored cron row {spec.row_name} in {db.name}: {schedule.expression} "
-                f"({schedule.timezone}){' suspended' if spec.suspend else ''}",
-            )
-        memory.target = target
-    except _DB_ERRORS as exc:
-        return await report(database_problem=Problem("DatabaseUnreachable", f"{db.name}: {exc}"))
-
-    next_at = None
-    if not spec.suspend:
-        next_at = expression.parse(schedule.expression, schedule.timezone).next_after(now())
-    return await report(
-        row=CronRow(row["last_slot_at"], row["last_job_id"], bool(row["enabled"])),
-        next_at=next_at,
-    )
-
-
-#: Attempts to remove a CronSchedule's row from an unreachable database before its object is
-#: let go with a Warning: a namespace being deleted must not hang in Terminating forever.
-DELETE_ATTEMPTS = 5
-
-
-async def delete_cron(
-    body: Mapping[str, Any],
-    memory: CronMemory | None,
-    databases: Databases,
-    emit: Emit,
-    *,
-    attempt: int = 0,
-    delay: float = 10.0,
-) -> None:
-    """Remove the CronSchedule's row, so it never outlives its object.
-
-    The row is found through the Secret; if the Secret is gone too (a namespace being
-    deleted), through where this operator last wrote it. With neither, nothing can be found:
-    a Warning says so and the object is let go rather than blocked forever. An unreachable
-    database is retried (`Retry`) up to `DELETE_ATTEMPTS` times, then let go with a Warning.
-    """
-    namespace, name, _ = _meta(body)
-    targets: list[tuple[str, str, str]] = []
-    if memory is not None and memory.target is not None:
-        targets.append(memory.target)
-    try:
-        spec = parse_cron(name, namespace, body.get("spec"))
-    except SpecError:
-        spec = None
-    if spec is not None:
-        ref = spec.database
-        try:
-            url = await k8s.secret_value(namespace, ref.secret_name, ref.secret_key)
-        except k8s.SecretError as exc:
-            if not targets:
-                emit(
-                    "Warning",
-                    "RowNotRemoved",
-                    f"{exc.message}: cannot find the database to remove cron row "
-                    f"{spec.row_name}; remove it with shigoto.cron.unschedule",
-                )
-        else:
-            target = (url, ref.schema, spec.row_name)
-            if target not in targets:
-                targets.append(target)
-    for target in targets:
-        try:
-            removed = await _unschedule(target)
-        except _DB_ERRORS as exc:
-            problem = f"cannot remove cron row {target[2]} from {describe(target[0])}: {exc}"
-            if attempt + 1 < DELETE_ATTEMPTS:
-                raise Retry(problem, delay) from exc
-            emit(
-                "Warning",
-                "RowNotRemoved",
-                f"{problem}; gave up after {DELETE_ATTEMPTS} attempts so the object can go. "
-                f"Remove the row later with shigoto.cron.unschedule({target[2]!r})",
-            )
-            continue
-        if removed:
-            emit("Normal", "Unscheduled", f"removed cron row {target[2]}")
-    await databases.release(cron_user(namespace, name))

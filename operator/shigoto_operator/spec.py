@@ -13,6 +13,7 @@ Imports neither kopf, the Kubernetes client nor psycopg.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import re
 from collections.abc import Mapping
@@ -25,7 +26,11 @@ AutoscalingMode = Literal["operator", "keda"]
 CatchUp = Literal["latest", "all", "none"]
 
 #: Set by the operator from `database`; a user value would silently fight it.
-RESERVED_ENV = frozenset({"SHIGOTO_DATABASE_URL", "SHIGOTO_SCHEMA"})
+RESERVED_ENV = frozenset(
+    {"SHIGOTO_DATABASE_URL", "SHIGOTO_SCHEMA", "SHIGOTO_POOLER", "SHIGOTO_DIRECT_DATABASE_URL"}
+)
+#: Set by the operator from `database.maxConnections` when that is set (`budget`).
+MAX_CONNECTIONS_ENV = "SHIGOTO_MAX_CONNECTIONS"
 
 #: `shigoto.cron` accepts names of at most 200 characters.
 MAX_CRON_ROW_NAME = 200
@@ -56,6 +61,19 @@ class DatabaseRef:
     migrate: bool = True
     #: (Secret name, key) of a URL used only to migrate; None: the URL above migrates too.
     migration_secret: tuple[str, str] | None = None
+    #: `none` or `transaction`: whether the URL goes through a transaction pooler (PgBouncer's
+    #: pool_mode=transaction), where no session outlives a transaction (no LISTEN).
+    pooler: str = "none"
+    #: (Secret name, key) of a URL straight to PostgreSQL, for what needs a session (LISTEN,
+    #: the liveness lock, migrations) when `pooler` is `transaction`.
+    direct_secret: tuple[str, str] | None = None
+    #: The most connections the Queue's runner pods hold together; None: no budget.
+    max_connections: int | None = None
+
+    @property
+    def sessions(self) -> bool:
+        """Whether a session can be had: no transaction pooler, or a direct URL beside it."""
+        return self.pooler != "transaction" or self.direct_secret is not None
 
 
 @dataclass(frozen=True)
@@ -122,6 +140,9 @@ class QueueSpec:
     #: whether the whole queue is encrypted (`shigoto.set_queue(encrypted=)`).
     encryption_keys: tuple[str, str] | None = None
     encrypt_queue: bool = False
+    #: The runner pods' PodDisruptionBudget, {"maxUnavailable": n} (a count or a percentage);
+    #: None: no PodDisruptionBudget.
+    disruption: Mapping[str, int | str] | None = None
 
 
 @dataclass(frozen=True)
@@ -225,7 +246,7 @@ def _opaque(value: Any, field: str) -> dict[str, Any] | None:
     return copy.deepcopy(_object(value, field)) or None
 
 
-def _database(value: Any) -> DatabaseRef:
+def _database(value: Any, *, queue: bool = False) -> DatabaseRef:
     db = _object(value, "database", required=True)
     ref = _object(db.get("secretRef"), "database.secretRef", required=True)
     name = _string(ref.get("name"), "database.secretRef.name", required=True, max_length=253)
@@ -235,22 +256,38 @@ def _database(value: Any) -> DatabaseRef:
     )
     assert name and key and schema
     migrate = _boolean(db.get("migrate", True), "database.migrate")
-    migration_secret = None
-    if db.get("migrationSecretRef") is not None:
-        mref = _object(db["migrationSecretRef"], "database.migrationSecretRef", required=True)
-        mname = _string(
-            mref.get("name"), "database.migrationSecretRef.name", required=True, max_length=253
-        )
-        mkey = _string(mref.get("key", "url"), "database.migrationSecretRef.key", required=True)
-        assert mname and mkey
-        migration_secret = (mname, mkey)
-    return DatabaseRef(
+    pooler = db.get("pooler", "none")
+    if pooler not in crds.POOLERS:
+        raise SpecError("database.pooler", f"must be {' or '.join(crds.POOLERS)}, got {pooler!r}")
+    ref = DatabaseRef(
         secret_name=name,
         secret_key=key,
         schema=schema,
         migrate=migrate,
-        migration_secret=migration_secret,
+        migration_secret=_other_secret(db, "migrationSecretRef"),
+        pooler=pooler,
+        direct_secret=_other_secret(db, "directUrlSecretRef"),
     )
+    if db.get("maxConnections") is None:
+        return ref
+    if not queue:
+        raise SpecError("database.maxConnections", "is a Queue's field: it caps runner pods")
+    least = crds.min_runner_connections(sessions=ref.sessions)
+    maximum = _integer(db["maxConnections"], "database.maxConnections", minimum=1)
+    if maximum < least:
+        raise SpecError("database.maxConnections", crds.max_connections_message(maximum, least))
+    return dataclasses.replace(ref, max_connections=maximum)
+
+
+def _other_secret(db: Mapping[str, Any], field: str) -> tuple[str, str] | None:
+    """(name, key) of `database.<field>`, a Secret key holding another URL; None: unset."""
+    if db.get(field) is None:
+        return None
+    ref = _object(db[field], f"database.{field}", required=True)
+    name = _string(ref.get("name"), f"database.{field}.name", required=True, max_length=253)
+    key = _string(ref.get("key", "url"), f"database.{field}.key", required=True)
+    assert name and key
+    return name, key
 
 
 def _runner(value: Any) -> RunnerSpec:
@@ -320,8 +357,10 @@ def _load_shedding(value: Any) -> tuple[float, float] | None:
                         "intervalSeconds")  # fmt: skip
     if s.get("targetSeconds") is None:
         raise SpecError("runner.loadShedding.targetSeconds", "is required")
-    return (_seconds(s["targetSeconds"], "runner.loadShedding.targetSeconds"),
-            _seconds(s.get("intervalSeconds", 1), "runner.loadShedding.intervalSeconds"))
+    return (
+        _seconds(s["targetSeconds"], "runner.loadShedding.targetSeconds"),
+        _seconds(s.get("intervalSeconds", 1), "runner.loadShedding.intervalSeconds"),
+    )
 
 
 def _autoscaling(value: Any) -> AutoscalingSpec:
@@ -412,8 +451,13 @@ def _rate_limit(value: Any) -> dict[str, Any] | None:
     if algorithm == "sliding_window" and limit + burst > crds.MAX_SLIDING_LIMIT:
         raise SpecError("rateLimit.limit", f"a sliding window keeps every start of its "
                         f"period: limit + burst at most {crds.MAX_SLIDING_LIMIT}")  # fmt: skip
-    return {"limit": limit, "per": per, "algorithm": algorithm, "burst": burst,
-            "by_partition": _boolean(r.get("byPartition", False), "rateLimit.byPartition")}
+    return {
+        "limit": limit,
+        "per": per,
+        "algorithm": algorithm,
+        "burst": burst,
+        "by_partition": _boolean(r.get("byPartition", False), "rateLimit.byPartition"),
+    }
 
 
 def _encryption(value: Any) -> tuple[tuple[str, str] | None, bool]:
@@ -429,6 +473,28 @@ def _encryption(value: Any) -> tuple[tuple[str, str] | None, bool]:
     key = _string(ref.get("key", "keys"), "encryption.keysSecretRef.key", required=True)
     assert name and key
     return (name, key), _boolean(e.get("encryptQueue", False), "encryption.encryptQueue")
+
+
+_PERCENT = re.compile(crds.PERCENT_PATTERN)
+
+
+def _disruption(value: Any) -> dict[str, int | str] | None:
+    """`disruption` as the PodDisruptionBudget spells it; None when unset."""
+    if value is None:
+        return None
+    d = _object(value, "disruption")
+    unknown = sorted(set(d) - {"maxUnavailable"})
+    if unknown:
+        raise SpecError(f"disruption.{unknown[0]}", "give maxUnavailable only")
+    amount = d.get("maxUnavailable")
+    if amount is None:
+        raise SpecError("disruption.maxUnavailable", "is required")
+    if isinstance(amount, str):
+        if not _PERCENT.fullmatch(amount):
+            raise SpecError("disruption.maxUnavailable", f"a count or a percentage such as "
+                            f"25%, got {amount!r}")  # fmt: skip
+        return {"maxUnavailable": amount}
+    return {"maxUnavailable": _integer(amount, "disruption.maxUnavailable", minimum=0)}
 
 
 # --- the two kinds ---------------------------------------------------------------------------
@@ -456,6 +522,13 @@ def parse_queue(name: str, namespace: str, spec: Mapping[str, Any] | None) -> Qu
     if global_concurrency is not None:
         global_concurrency = _integer(global_concurrency, "globalConcurrency", minimum=1)
     encryption = _encryption(s.get("encryption"))
+    database = _database(s.get("database"), queue=True)
+    runner = _runner(s.get("runner"))
+    if database.max_connections is not None:
+        for i, var in enumerate(runner.env):
+            if var.get("name") == MAX_CONNECTIONS_ENV:
+                raise SpecError(f"runner.env[{i}].name", f"{MAX_CONNECTIONS_ENV} is set by the "
+                                "operator from spec.database.maxConnections")  # fmt: skip
     return QueueSpec(
         name=name,
         namespace=namespace,
@@ -463,20 +536,22 @@ def parse_queue(name: str, namespace: str, spec: Mapping[str, Any] | None) -> Qu
         concurrency=_integer(s.get("concurrency"), "concurrency", minimum=1, maximum=10000),
         global_concurrency=global_concurrency,
         paused=_boolean(s.get("paused"), "paused"),
-        database=_database(s.get("database")),
-        runner=_runner(s.get("runner")),
+        database=database,
+        runner=runner,
         autoscaling=_autoscaling(s.get("autoscaling")),
         forward=_forward(s.get("forward"), queue_name),
         fanout=_boolean(s.get("fanout"), "fanout"),
         fair=_boolean(s.get("fair", False), "fair"),
         weight=_integer(s.get("weight", 1), "weight", minimum=1, maximum=1000),
         partition_concurrency=(
-            None if s.get("partitionConcurrency") is None
+            None
+            if s.get("partitionConcurrency") is None
             else _integer(s["partitionConcurrency"], "partitionConcurrency", minimum=1)
         ),
         rate_limit=_rate_limit(s.get("rateLimit")),
         encryption_keys=encryption[0],
         encrypt_queue=encryption[1],
+        disruption=_disruption(s.get("disruption")),
     )
 
 

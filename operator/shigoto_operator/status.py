@@ -9,10 +9,14 @@ Queue conditions:
 
 - `DatabaseReachable`: the Secret was read and the database answered. A database that answers
   but lacks the current tables keeps it True; `Ready` is then False with SchemaNotMigrated
-  (`spec.database.migrate: false` and nobody migrated) or MigrationFailed.
+  (`spec.database.migrate: false` and nobody migrated), Migrating (the operator is migrating
+  it: which migration, step x of y) or MigrationFailed (not retried for that version until the
+  spec changes or the operator restarts). It stays True too when another Queue owns the queue
+  on that database: `Ready` is then False with QueueNameConflict, and nothing is changed.
 - `Scaling`: the autoscaler can act (True, with the decision's reason: ScaledUp, ScaledDown,
-  StabilizingScaleDown, Steady; or Keda when KEDA owns replicas); False when it holds the
-  replicas because it has no counts.
+  StabilizingScaleDown, Steady, ConnectionBudget when `spec.database.maxConnections` holds the
+  replicas below what autoscaling asks; or Keda when KEDA owns replicas); False when it holds
+  the replicas because it has no counts.
 - `Ready`: the spec is valid, the database reachable, and as many runner pods are ready as
   the autoscaler wants (zero included).
 
@@ -46,8 +50,12 @@ class Problem:
     reachable: bool = False
 
 
+MIGRATING = "Migrating"
+MIGRATION_FAILED = "MigrationFailed"
+QUEUE_NAME_CONFLICT = "QueueNameConflict"
+
 #: Reasons of problems found in a database that did answer.
-SCHEMA_REASONS = frozenset({"SchemaNotMigrated", "MigrationFailed"})
+SCHEMA_REASONS = frozenset({"SchemaNotMigrated", MIGRATING, MIGRATION_FAILED})
 
 
 def timestamp(moment: datetime) -> str:
@@ -128,9 +136,15 @@ def queue_status(
     decision: Decision | None = None,
     keda: bool = False,
     scaled_at: datetime | None = None,
+    connection_budget: Mapping[str, Any] | None = None,
+    pending_migrations: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """The whole status of a Queue. Fields without news keep their previous value (counts
     from the last good poll stay visible while the database is unreachable).
+
+    `connection_budget` (`budget.Budget.status`) shows `spec.database.maxConnections` at work;
+    a Queue without one has the field removed. `pending_migrations`, when known, lists the
+    versions the database still lacks.
 
     `database_problem` makes `DatabaseReachable` and `Ready` false; `deployment_problem` (the
     API server refused the Deployment) only `Ready`.
@@ -157,6 +171,10 @@ def queue_status(
         out["jobs"] = jobs(counts)
     if scaled_at is not None:
         out["lastScaleTime"] = timestamp(scaled_at)
+    # a `null` removes it in the merge patch once the spec drops the budget
+    out["connectionBudget"] = dict(connection_budget) if connection_budget else None
+    if pending_migrations is not None:
+        out["pendingMigrations"] = list(pending_migrations)
 
     if database_problem is not None and database_problem.reachable:
         db = cond(DATABASE_REACHABLE, True, "Connected", "the database answers")
@@ -169,6 +187,9 @@ def queue_status(
         scaling = cond(SCALING, True, "Keda", "a KEDA ScaledObject sets the replicas")
     elif decision is not None:
         scaling = cond(SCALING, True, decision.reason, decision.message)
+    elif database_problem is not None and database_problem.reason == QUEUE_NAME_CONFLICT:
+        scaling = cond(SCALING, False, QUEUE_NAME_CONFLICT,
+                       "not scaling: another Queue owns this queue")  # fmt: skip
     else:
         reason = database_problem.reason if database_problem else "NoCounts"
         scaling = cond(SCALING, False, reason, "replicas held: no job counts to scale on")

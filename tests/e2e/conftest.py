@@ -17,12 +17,20 @@ Environment:
                              cluster's nodes, `{image}` standing for it, e.g.
                              `kind load docker-image {image}` or
                              `docker save {image} | ctr -n k8s.io images import -`
+  SHIGOTO_E2E_PYTHON_IMAGE   the images' base (the PYTHON_IMAGE build argument) where the
+                             default cannot be pulled
+
+Tests that run the operator on this machine (`operator_as_sa`) and tests that run it from its
+image in the cluster (`operator_in_cluster`, `operators_in_cluster`) each set the in-cluster
+Deployment's replicas themselves, so two operators never act at once whatever order the
+tests run in.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -43,6 +51,10 @@ ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_NS = "shigoto-system"
 OPERATOR_SA = "shigoto-operator"
 OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NS}:{OPERATOR_SA}"
+OPERATOR_LABEL = "app.kubernetes.io/name=shigoto-operator"
+
+TAG = "e2e"
+RUNNER, OPERATOR, EXAMPLE = (f"shigoto-{n}:{TAG}" for n in ("runner", "operator", "example"))
 
 
 @dataclass
@@ -233,10 +245,146 @@ def start_operator(
     return OperatorProcess(process, log)
 
 
+def scale_operator(kube: Kube, replicas: int) -> None:
+    """The in-cluster operator's replicas; at 0, wait until its pods are gone, so nothing of
+    it acts beside an operator started here."""
+    kube("-n", OPERATOR_NS, "scale", "deployment/shigoto-operator", f"--replicas={replicas}")
+    if replicas == 0:
+        kube("-n", OPERATOR_NS, "wait", "--for=delete", "pod", "-l", OPERATOR_LABEL,
+             "--timeout=120s", timeout=150)  # fmt: skip
+
+
 @pytest.fixture
 def operator_as_sa(installed: Kube, tmp_path: Path) -> Iterator[OperatorProcess]:
+    scale_operator(installed, 0)
     operator = start_operator(installed, tmp_path)
     try:
         yield operator
     finally:
         operator.stop()
+
+
+# --- images, and the operator from its image ----------------------------------------------------
+
+
+def missing_for_pods(kube: Kube) -> str | None:
+    """Why pods of our images cannot run here, or None."""
+    nodes = json.loads(kube("get", "nodes", "-o", "json"))["items"]
+    ready = [
+        n
+        for n in nodes
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])
+    ]
+    if not ready:
+        return "the cluster has no Ready node"
+    if (
+        shutil.which("docker") is None
+        or subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode
+    ):
+        return "no Docker engine answers `docker info`"
+    for var in ("SHIGOTO_E2E_LOAD_IMAGE", "SHIGOTO_E2E_DATABASE_URL"):
+        if not os.environ.get(var):
+            return f"{var} is not set"
+    return None
+
+
+def sh(command: str | list[str], timeout: float = 1800) -> None:
+    result = subprocess.run(
+        command, shell=isinstance(command, str), capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+
+
+@pytest.fixture(scope="session")
+def images(installed: Kube) -> None:
+    """The runner, operator and example images, built once and handed to the nodes."""
+    reason = missing_for_pods(installed)
+    if reason:
+        pytest.skip(f"in-cluster test: {reason}")
+    base = os.environ.get("SHIGOTO_E2E_PYTHON_IMAGE")
+    build = ["docker", "build", "--network", "host"]
+    build += ["--build-arg", f"PYTHON_IMAGE={base}"] if base else []
+    sh([*build, "-f", str(ROOT / "Dockerfile.runner"), "-t", RUNNER, str(ROOT)])
+    sh([*build, "-f", str(ROOT / "Dockerfile.operator"), "-t", OPERATOR, str(ROOT)])
+    user_build = ["docker", "build", "--network", "host"]
+    user_build += ["--build-arg", f"SHIGOTO_RUNNER_IMAGE={RUNNER}", "-t", EXAMPLE]
+    sh([*user_build, str(ROOT / "deploy" / "examples")])
+    for image in (RUNNER, OPERATOR, EXAMPLE):
+        sh(os.environ["SHIGOTO_E2E_LOAD_IMAGE"].replace("{image}", image), timeout=600)
+
+
+OVERLAY = """\
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [{base}]
+{components}images: [{{name: shigoto-operator, newTag: {tag}}}]
+patches:
+  - target: {{kind: Deployment, name: shigoto-operator}}
+    patch: |
+      - {{op: replace, path: /spec/template/spec/containers/0/imagePullPolicy, value: Never}}
+{extra}"""
+
+#: On a one-node cluster whose pods use the host's network, two operator pods would both bind
+#: ports 8080 (kopf's liveness) and 9090 (metrics), and every declared port becomes a host port:
+#: the second pod could never start. Two replicas there go without ports, probe, metrics and
+#: dashboard.
+PORTLESS = """\
+      - {op: remove, path: /spec/template/spec/containers/0/ports}
+      - {op: remove, path: /spec/template/spec/containers/0/livenessProbe}
+      - {op: replace, path: /spec/template/spec/containers/0/command,
+         value: [kopf, run, --all-namespaces, -m, shigoto_operator]}
+      - {op: test, path: /spec/template/spec/containers/0/env/1/name,
+         value: SHIGOTO_OPERATOR_METRICS_PORT}
+      - {op: replace, path: /spec/template/spec/containers/0/env/1/value, value: "0"}
+"""
+
+
+def deploy_operator(kube: Kube, directory: Path, *, replicas: int) -> None:
+    """deploy/ with the image just built, as a user's overlay would pin it (and deploy/dashboard
+    turned on), at `replicas`, rolled out."""
+    base = os.path.relpath(ROOT / "deploy", directory)
+    hostnet = os.environ.get("SHIGOTO_E2E_HOSTNET") == "1"
+    portless = hostnet and replicas > 1
+    components = "" if portless else f"components: [{base}/dashboard]\n"
+    overlay = OVERLAY.format(
+        base=base, tag=TAG, components=components, extra=PORTLESS if portless else ""
+    )
+    (directory / "kustomization.yaml").write_text(overlay)
+    kube("apply", "-k", str(directory))
+    if hostnet:
+        kube("label", "namespace", OPERATOR_NS, "--overwrite", "shigoto-e2e=hostnet",
+             "pod-security.kubernetes.io/enforce=privileged")  # fmt: skip
+    scale_operator(kube, replicas)
+    kube("-n", OPERATOR_NS, "rollout", "restart", "deployment/shigoto-operator")
+    kube("-n", OPERATOR_NS, "rollout", "status", "deployment/shigoto-operator",
+         "--timeout=300s", timeout=330)  # fmt: skip
+
+
+def undeploy_operator(kube: Kube) -> None:
+    scale_operator(kube, 0)
+    kube("apply", "-k", str(ROOT / "deploy"))  # back to the shipped manifests
+    scale_operator(kube, 0)
+
+
+@pytest.fixture
+def operator_in_cluster(installed: Kube, images: None, tmp_path: Path) -> Iterator[Kube]:
+    """One operator replica from its image, through deploy/ (the dashboard turned on)."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    deploy_operator(installed, overlay, replicas=1)
+    try:
+        yield installed
+    finally:
+        undeploy_operator(installed)
+
+
+@pytest.fixture
+def operators_in_cluster(installed: Kube, images: None, tmp_path: Path) -> Iterator[Kube]:
+    """The operator as deploy/ ships it: two replicas from its image, one acting."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    deploy_operator(installed, overlay, replicas=2)
+    try:
+        yield installed
+    finally:
+        undeploy_operator(installed)

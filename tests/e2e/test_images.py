@@ -87,8 +87,6 @@ def docker(*argv: str, timeout: float = 120, env: dict[str, str] | None = None,
     return result
 
 
-
-
 # --- the images ----------------------------------------------------------------------------------
 
 

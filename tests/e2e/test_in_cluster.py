@@ -11,12 +11,9 @@ images' base (the PYTHON_IMAGE build argument) where the default cannot be pulle
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
 import subprocess
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -24,94 +21,11 @@ import psycopg
 import pytest
 
 import shigoto
-from tests.e2e.conftest import OPERATOR_NS, ROOT, Kube, eventually, secret_manifest
+from tests.e2e.conftest import EXAMPLE, OPERATOR_NS, Kube, eventually, secret_manifest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
-TAG = "e2e"
-RUNNER, OPERATOR, EXAMPLE = (f"shigoto-{n}:{TAG}" for n in ("runner", "operator", "example"))
 JOBS, TARGET, MAX = 200, 20, 3
-
-OVERLAY = """\
-apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources: [{base}]
-components: [{base}/dashboard]
-images: [{{name: shigoto-operator, newTag: {tag}}}]
-patches:
-  - target: {{kind: Deployment, name: shigoto-operator}}
-    patch: |
-      - {{op: replace, path: /spec/template/spec/containers/0/imagePullPolicy, value: Never}}
-"""
-
-
-def _missing(kube: Kube) -> str | None:
-    nodes = json.loads(kube("get", "nodes", "-o", "json"))["items"]
-    ready = [
-        n
-        for n in nodes
-        if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])
-    ]
-    if not ready:
-        return "the cluster has no Ready node"
-    if (
-        shutil.which("docker") is None
-        or subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode
-    ):
-        return "no Docker engine answers `docker info`"
-    for var in ("SHIGOTO_E2E_LOAD_IMAGE", "SHIGOTO_E2E_DATABASE_URL"):
-        if not os.environ.get(var):
-            return f"{var} is not set"
-    return None
-
-
-def _sh(command: str | list[str], timeout: float = 1800) -> None:
-    result = subprocess.run(
-        command, shell=isinstance(command, str), capture_output=True, text=True, timeout=timeout
-    )
-    assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-
-
-@pytest.fixture(scope="module")
-def images(installed: Kube) -> None:
-    reason = _missing(installed)
-    if reason:
-        pytest.skip(f"in-cluster test: {reason}")
-    base = os.environ.get("SHIGOTO_E2E_PYTHON_IMAGE")
-    build = ["docker", "build", "--network", "host"]
-    build += ["--build-arg", f"PYTHON_IMAGE={base}"] if base else []
-    _sh([*build, "-f", str(ROOT / "Dockerfile.runner"), "-t", RUNNER, str(ROOT)])
-    _sh([*build, "-f", str(ROOT / "Dockerfile.operator"), "-t", OPERATOR, str(ROOT)])
-    user_build = ["docker", "build", "--network", "host"]
-    user_build += ["--build-arg", f"SHIGOTO_RUNNER_IMAGE={RUNNER}", "-t", EXAMPLE]
-    _sh([*user_build, str(ROOT / "deploy" / "examples")])
-    for image in (RUNNER, OPERATOR, EXAMPLE):
-        _sh(os.environ["SHIGOTO_E2E_LOAD_IMAGE"].replace("{image}", image), timeout=600)
-
-
-@pytest.fixture(scope="module")
-def operator_in_cluster(
-    installed: Kube, images: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Kube]:
-    """deploy/ with the image just built, as a user's overlay would pin it, and the operator's
-    dashboard turned on with deploy/dashboard (read-only: no token Secret)."""
-    overlay = tmp_path_factory.mktemp("overlay")
-    base = os.path.relpath(ROOT / "deploy", overlay)
-    (overlay / "kustomization.yaml").write_text(OVERLAY.format(base=base, tag=TAG))
-    installed("apply", "-k", str(overlay))
-    if os.environ.get("SHIGOTO_E2E_HOSTNET") == "1":
-        installed("label", "namespace", OPERATOR_NS, "--overwrite", "shigoto-e2e=hostnet",
-                  "pod-security.kubernetes.io/enforce=privileged")  # fmt: skip
-    installed("-n", OPERATOR_NS, "scale", "deployment/shigoto-operator", "--replicas=1")
-    installed("-n", OPERATOR_NS, "rollout", "restart", "deployment/shigoto-operator")
-    installed("-n", OPERATOR_NS, "rollout", "status", "deployment/shigoto-operator",
-              "--timeout=300s", timeout=330)  # fmt: skip
-    try:
-        yield installed
-    finally:
-        installed("-n", OPERATOR_NS, "scale", "deployment/shigoto-operator", "--replicas=0")
-        installed("apply", "-k", str(ROOT / "deploy"))  # back to the shipped manifests
-        installed("-n", OPERATOR_NS, "scale", "deployment/shigoto-operator", "--replicas=0")
 
 
 def _diagnostics(kube: Kube, ns: str) -> str:

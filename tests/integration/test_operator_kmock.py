@@ -234,7 +234,7 @@ async def test_queue_forward_is_written_to_the_queue_settings(
 
         # drift: someone rewrites the setting in the database -> put back on the next pass
         conn.execute(
-            "UPDATE shigoto_queues SET forward = '{\"discarded\": \"elsewhere\"}' "
+            'UPDATE shigoto_queues SET forward = \'{"discarded": "elsewhere"}\' '
             "WHERE name = 'mail'"
         )
         await eventually(
@@ -260,9 +260,7 @@ async def test_queue_fanout_is_written_to_the_queue_settings(
 
     async with running_operator(kmock) as cluster:
         cluster.add_secret("pg", {"url": db_url})
-        await cluster.create(
-            k8s.QUEUES, QUEUE, "fan", queue_spec(queueName="bcast", fanout=True)
-        )
+        await cluster.create(k8s.QUEUES, QUEUE, "fan", queue_spec(queueName="bcast", fanout=True))
         await eventually(lambda: _value(stored() is True), message="fanout written")
         # The Event is posted after the write the test saw: wait for it too.
         await eventually(lambda: _value("FanoutApplied" in cluster.event_reasons()),

@@ -74,7 +74,7 @@ class Kubelet:
     peak: int = 0
     serial: int = 0
 
-    def resolve_env(self, container: dict[str, Any]) -> dict[str, str]:
+    def resolve_env(self, container: dict[str, Any], pod: str) -> dict[str, str]:
         env = {
             "PATH": os.environ.get("PATH", ""),
             "HOME": str(self.logs),
@@ -82,10 +82,14 @@ class Kubelet:
             "PYTHONUNBUFFERED": "1",
         }
         for var in container.get("env") or []:
+            source = var.get("valueFrom") or {}
             if "value" in var:
                 env[var["name"]] = str(var["value"])
+            elif "fieldRef" in source:  # the downward API: only the pod's name is used
+                assert source["fieldRef"]["fieldPath"] == "metadata.name", var
+                env[var["name"]] = pod
             else:
-                ref = var["valueFrom"]["secretKeyRef"]
+                ref = source["secretKeyRef"]
                 env[var["name"]] = self.cluster.secret(ref["name"])[ref["key"]]
         return env
 
@@ -107,7 +111,7 @@ class Kubelet:
             for init in pod_spec.get("initContainers", []):
                 proc = await asyncio.create_subprocess_exec(
                     *self.command(init),
-                    env=self.resolve_env(init),
+                    env=self.resolve_env(init, name),
                     cwd=self.logs,
                     stdout=out,
                     stderr=asyncio.subprocess.STDOUT,
@@ -117,7 +121,7 @@ class Kubelet:
             port = free_port()
             proc = await asyncio.create_subprocess_exec(
                 *self.command(runner, port),
-                env=self.resolve_env(runner),
+                env=self.resolve_env(runner, name),
                 cwd=self.logs,
                 stdout=out,
                 stderr=asyncio.subprocess.STDOUT,

@@ -45,6 +45,9 @@ EXPECTED_RULES = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("", "namespaces"): {"list", "watch"},
     ("keda.sh", "scaledobjects"): {"get", "create", "patch", "delete"},
+    ("", "pods"): {"list", "patch"},
+    ("policy", "poddisruptionbudgets"): {"get", "create", "patch", "delete"},
+    ("kopf.dev", "clusterkopfpeerings"): {"list", "watch", "patch", "create"},
 }
 
 #: Verbs that would let the operator widen its own rights or act as someone else.
@@ -128,6 +131,7 @@ def test_base_installs_everything_the_operator_needs() -> None:
             ("Namespace", "shigoto-system"),
             ("CustomResourceDefinition", "queues.shigoto.dev"),
             ("CustomResourceDefinition", "cronschedules.shigoto.dev"),
+            ("CustomResourceDefinition", "clusterkopfpeerings.kopf.dev"),
             ("ServiceAccount", "shigoto-operator"),
             ("ClusterRole", "shigoto-operator"),
             ("ClusterRoleBinding", "shigoto-operator"),
@@ -139,10 +143,12 @@ def test_base_installs_everything_the_operator_needs() -> None:
 
 
 def test_base_carries_the_generated_crds() -> None:
+    # kopf's peering CRD is kopf's own schema, written by hand in deploy/operator/.
     installed = {
         o["metadata"]["name"]: o
         for o in _base_resources()
         if o["kind"] == "CustomResourceDefinition"
+        and o["metadata"]["name"].endswith(".shigoto.dev")
     }
     assert installed == {
         "queues.shigoto.dev": crds.queue_crd(),
@@ -245,15 +251,20 @@ def test_operator_liveness_probe_matches_the_kopf_endpoint() -> None:
     assert named.get(probe["port"], probe["port"]) == int(port)
 
 
-def test_operator_has_resources_and_a_single_replica() -> None:
+def test_operator_has_resources_and_two_replicas_that_elect_one() -> None:
+    """Two replicas, one acting (kopf peering): a rollout replaces one pod at a time and never
+    adds a third, and the standby takes over when the active one goes."""
     deployment = _operator()
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     for kind in ("requests", "limits"):
         assert set(container["resources"][kind]) == {"cpu", "memory"}
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}, "never two operators at once"
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }  # fmt: skip
     env = {e["name"]: e for e in container["env"]}
     assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["SHIGOTO_OPERATOR_PEERING"]["value"] == "shigoto-operator"
 
 
 DEPLOYMENTS = [

@@ -22,7 +22,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 #: Rights that exist only for a cluster-wide watch.
-CLUSTER_ONLY = {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
+#: Cluster-scoped objects: the CRDs, namespaces, and the operator replicas' peering (their
+#: keep-alives, no data of any namespace).
+CLUSTER_ONLY = {
+    ("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces"),
+    ("kopf.dev", "clusterkopfpeerings"),
+}  # fmt: skip
 
 
 def render(directory: Path) -> list[dict[str, Any]]:
@@ -43,6 +48,7 @@ def test_namespaced_install_has_no_cluster_wide_rights_on_data() -> None:
     assert granted_by(cluster_role) == {
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
         ("", "namespaces"): {"list", "watch"},
+        ("kopf.dev", "clusterkopfpeerings"): {"list", "watch", "patch", "create"},
     }
     [role] = by_kind(objects, "Role")
     expected = {k: v for k, v in EXPECTED_RULES.items() if k not in CLUSTER_ONLY}

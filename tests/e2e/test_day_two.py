@@ -442,7 +442,11 @@ def test_deleting_the_active_operator_pod_hands_over_within_15_seconds(
         eventually(lambda: replicas(kube, ns, "fo") == 2, timeout=60, message="2 replicas")
         eventually(lambda: _slots(fresh_db), timeout=90, message="a first cron slot")
 
-        leader, standby = _peers(kube)
+        # The second replica joins once its pod runs (its image loaded, the peering read).
+        leader, standby = eventually(
+            lambda: _peers(kube) if len(_peers(kube)) == 2 else None,
+            timeout=180, message="both operators in the peering",
+        )  # fmt: skip
         print(f"active operator pod {leader}, standby {standby}")
         started = time.monotonic()
         kube("-n", OPERATOR_NS, "delete", "pod", leader, "--wait=false")

@@ -13,7 +13,7 @@ process itself, each with an env var so the operator Deployment can set it.
 | address of that port | `SHIGOTO_OPERATOR_METRICS_HOST` | 0.0.0.0 |
 | database probe for the metrics | `SHIGOTO_OPERATOR_METRICS_INTERVAL` | 15 s |
 | dashboard of every known database (0: off) | `SHIGOTO_OPERATOR_DASHBOARD_PORT` | 0 |
-| address of that port | `SHIGOTO_OPERATOR_DASHBOARD_HOST` | 0.0.0.0 |
+| address of that port (port-forward reaches it) | `SHIGOTO_OPERATOR_DASHBOARD_HOST` | 127.0.0.1 |
 | ClusterKopfPeering of the replicas (unset: kopf decides) | `SHIGOTO_OPERATOR_PEERING` | unset |
 | seconds a silent replica counts as alive in it | `SHIGOTO_OPERATOR_PEERING_LIFETIME` | 15 |
 
@@ -38,9 +38,11 @@ class OperatorConfig:
     metrics_port: int = 9090
     metrics_host: str = "0.0.0.0"
     metrics_interval: float = 15.0
-    #: Opt-in (docs/dashboard.md): reached through a port-forward or a Service you add.
+    #: Opt-in (docs/dashboard.md). Loopback by default (issue 24): `kubectl port-forward`
+    #: reaches it there, and nothing else in the cluster can; set the host (0.0.0.0) to serve
+    #: it through a Service, behind authentication of your own.
     dashboard_port: int = 0
-    dashboard_host: str = "0.0.0.0"
+    dashboard_host: str = "127.0.0.1"
     #: Leader election among replicas (`peering`): the ClusterKopfPeering they share, and how
     #: long a replica that stopped answering still counts (kopf's default is 60 s).
     peering: str | None = None

@@ -6,8 +6,15 @@ serves the same dashboard over all of them, one name per database (`host:port/db
 s)`, never the URL: it carries the password). The list is asked again on each request, so a
 database a new Queue brings appears without a restart and one no longer used disappears.
 
+It listens on `SHIGOTO_OPERATOR_DASHBOARD_HOST`, 127.0.0.1 unless told otherwise: it shows the
+jobs of every namespace's databases, so only `kubectl port-forward` (which needs the right to
+port-forward to the operator's pod) reaches it by default. Bound to a loopback address it also
+answers only to loopback Host names (a DNS rebinding guard).
+
 Actions need the token of `SHIGOTO_DASHBOARD_TOKEN` or the file of
-`SHIGOTO_DASHBOARD_TOKEN_FILE` (mount a Secret); without either the dashboard is read-only.
+`SHIGOTO_DASHBOARD_TOKEN_FILE` (mount a Secret); without either the dashboard is read-only. A
+viewer without the token sees what any dashboard shows an anonymous viewer
+(`shigoto.dashboard.views.redact`): states, counts, ids, names, times, attempts, error classes.
 """
 
 from __future__ import annotations

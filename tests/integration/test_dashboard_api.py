@@ -19,7 +19,7 @@ STATES = {"scheduled", "available", "executing", "retryable", "completed", "disc
           "cancelled"}  # fmt: skip
 SUMMARY = {"id", "queue", "worker", "state", "priority", "attempt", "max_attempts", "tags",
            "inserted_at", "scheduled_at", "attempted_at", "finished_at", "archived", "args",
-           "args_hidden"}  # fmt: skip
+           "args_hidden", "hidden"}  # fmt: skip
 
 
 @pytest.fixture
@@ -82,8 +82,11 @@ def test_each_read_endpoint_answers_its_shape(
     assert listed["next"] is None and [j["queue"] for j in listed["jobs"]] == ["emails"] * 2
     assert all(set(j) == SUMMARY for j in listed["jobs"])
 
-    detail = get(dashboard, f"/api/jobs/{done.id}").json()
+    detail = get(dashboard, f"/api/jobs/{done.id}", SIGNED_IN).json()
     assert detail["job"]["state"] == "completed" and detail["job"]["tags"] == ["t"]
+    anonymous = get(dashboard, f"/api/jobs/{done.id}").json()["job"]
+    assert anonymous["state"] == "completed" and anonymous["tags"] is None
+    assert set(anonymous) == set(detail["job"]) and "tags" in anonymous["hidden"]
     assert {"errors", "result", "progress", "meta", "attempted_by", "unique_key",
             "partition_key", "batch_id"} <= set(detail["job"])  # fmt: skip
     assert detail["parents"] == [] and detail["children"] == []

@@ -4,7 +4,10 @@ HTTP, and tests call `Dashboard.handle` directly.
 
 Every answer carries the security headers (`auth.SECURITY_HEADERS`), errors included. API
 answers are JSON with `Cache-Control: no-store`; input errors are 400 `{"error", "field"}`.
-Reads need no token; actions are POST only and need the token (`auth.Auth.refuse_action`).
+Reads need no token, but every job they carry goes through `views.redact` for the request's
+`auth.Viewer` (a viewer without the token sees no args, results, error messages, meta, tags,
+partition or unique keys; nor may it filter by them); actions are POST only and need the token
+(`auth.Auth.refuse_action`).
 """
 
 from __future__ import annotations
@@ -294,27 +297,25 @@ class Dashboard:
 
     def _jobs(self, request: Request, query: dict[str, str]) -> Response:
         source = self._source(query)
-        may_see = self.auth.may_see_args(request.headers)
+        viewer = self.auth.viewer(request.headers)
         filters = _job_filters(query)
-        if filters["args_contains"] is not None and not may_see:
-            raise HTTPError(403, "filtering by args needs the viewer to be allowed to see args "
-                            f"(show_args={self.auth.show_args}): sign in with the token",
-                            "args")  # fmt: skip
+        refusal = views.filter_refusal(filters, viewer)
+        if refusal is not None:
+            raise HTTPError(403, refusal[1], refusal[0])
         # An args filter has no index: each page searches a bounded stretch of ids and may come
         # back short or empty, saying how far it looked, with `next` carrying on from there.
         scan = self.args_scan if filters["args_contains"] is not None else None
         with self._conn(source) as conn, _named_fields():
             page = job_api.list_jobs(**filters, scan_limit=scan, conn=conn, schema=source.schema)
         return json_response(200, {
-            "jobs": views.summaries(page.jobs, may_see, self.auth.show_args), "next": page.next,
+            "jobs": views.summaries(page.jobs, viewer), "next": page.next,
             "partial": page.partial, "scanned_to_id": page.scanned_to_id,
         })  # fmt: skip
 
     def _job(self, request: Request, query: dict[str, str], raw_id: str) -> Response:
         source = self._source(query)
         job_id = _job_id(raw_id)
-        may_see = self.auth.may_see_args(request.headers)
-        policy = self.auth.show_args
+        viewer = self.auth.viewer(request.headers)
         with self._conn(source) as conn:
             job = job_api.get_job(job_id, conn=conn, schema=source.schema)
             if job is None:
@@ -323,9 +324,9 @@ class Dashboard:
             ids = [r["id"] for r in family.parents + family.children]
             rows = readings.jobs_by_ids(conn, source.schema, ids) if ids else {}
         return json_response(200, {
-            "job": views.job_detail(job, may_see, policy),
-            "parents": views.summaries(_known(rows, family.parents), may_see, policy),
-            "children": views.summaries(_known(rows, family.children), may_see, policy),
+            "job": views.job_detail(job, viewer),
+            "parents": views.summaries(_known(rows, family.parents), viewer),
+            "children": views.summaries(_known(rows, family.children), viewer),
         })  # fmt: skip
 
     def _cron(self, request: Request, query: dict[str, str]) -> Response:
@@ -361,7 +362,6 @@ class Dashboard:
             raise HTTPError(refusal.status, refusal.message, headers=extra)
         target, verb = unquote(match.group(1)), match.group(2)
         source = self._source(query)
-        policy = self.auth.show_args
         with self._counts_lock:  # the page re-fetches next: let it see its own action
             self._counts_cache.pop((source.url, source.schema), None)
         try:
@@ -373,10 +373,9 @@ class Dashboard:
                 after = actions.job_action(lambda: self._conn(source), source, job_id, verb)
                 shown = after or before
                 assert shown is not None
-                may_see = self.auth.may_see_args(request.headers)
                 body: dict[str, Any] = {
                     "ok": True,
-                    "job": views.job_summary(shown, may_see, policy),
+                    "job": views.job_summary(shown, self.auth.viewer(request.headers)),
                 }
                 if verb == "delete":
                     body["deleted"] = True

@@ -1,11 +1,13 @@
 """Who may do what on the dashboard, and the headers every answer carries. Pure.
 
-Reading needs nothing; acting (retry, cancel, delete, pause, resume) needs the token, sent as
-`Authorization: Bearer <token>` and compared in constant time. The token travels only in that
-header, never in a cookie or a URL: a browser never attaches it on its own, so a cross-site
-form or image cannot carry it, which is what makes the actions CSRF-safe by construction. Two
-more checks stop a request a browser marks as cross-site before the token is even looked at:
-an `Origin` that is not this server's own `Host`, and `Sec-Fetch-Site: cross-site`.
+Reading needs nothing, but a viewer without the token sees only the public part of each job
+(`views.redact`: states, counts, ids, names, times, attempts, error classes). Acting (retry,
+cancel, delete, pause, resume) needs the token, sent as `Authorization: Bearer <token>` and
+compared in constant time. The token travels only in that header, never in a cookie or a URL:
+a browser never attaches it on its own, so a cross-site form or image cannot carry it, which is
+what makes the actions CSRF-safe by construction. Two more checks stop a request a browser
+marks as cross-site before the token is even looked at: an `Origin` that is not this server's
+own `Host`, and `Sec-Fetch-Site: cross-site`.
 
 A dashboard bound to a loopback address also refuses a `Host` that is not a loopback name: a
 page on another site whose name an attacker points at 127.0.0.1 (DNS rebinding) would
@@ -85,6 +87,16 @@ def bearer(headers: Mapping[str, str]) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
+class Viewer:
+    """Who asks, as the views need it (`views.redact`): whether the request carries the
+    dashboard's token, and whether it may see plain args under the `show_args` policy."""
+
+    signed_in: bool
+    may_see_args: bool
+    policy: ShowArgs = ShowArgs.TOKEN
+
+
+@dataclass(frozen=True, slots=True)
 class Auth:
     """The configured token (None: read-only dashboard) and the args policy."""
 
@@ -105,6 +117,10 @@ class Auth:
         if self.show_args == ShowArgs.ALWAYS:
             return True
         return self.show_args == ShowArgs.TOKEN and self.authenticated(headers)
+
+    def viewer(self, headers: Mapping[str, str]) -> Viewer:
+        """The viewer behind `headers`: every view of a job is cut to what it may see."""
+        return Viewer(self.authenticated(headers), self.may_see_args(headers), self.show_args)
 
     def refuse_action(self, headers: Mapping[str, str]) -> Refusal | None:
         """Why a request may not act, or None when it may."""

@@ -1,6 +1,8 @@
 // One job (`#/jobs/<id>`): its state and actions, args, result, errors with tracebacks,
 // progress, meta, and the parents and children of its workflow. Sealed (encrypted) values are
-// never opened by the dashboard; args are shown only as the server's show_args allows.
+// never opened by the dashboard; args are shown only as the server's show_args allows, and a
+// viewer without the token gets no results, error messages, meta, tags or keys (the server
+// names each field it took out in `job.hidden`).
 
 import * as api from "../api.js";
 import { h, replace } from "../dom.js";
@@ -36,6 +38,17 @@ function pre(value) {
   return h("pre", { class: "code" }, json(value));
 }
 
+const SIGN_IN_NOTE = "Hidden until you sign in with the dashboard token.";
+
+function isHidden(job, name) {
+  return (job.hidden || []).includes(name);
+}
+
+/** A fact's value, or "hidden" when the server kept it from this viewer. */
+function fact(job, name, value) {
+  return isHidden(job, name) ? h("span", { class: "muted", "data-hidden": "token" }, "hidden") : value;
+}
+
 function argsBlock(job) {
   if (job.args_hidden) {
     return block("Args", "args", h("p", { class: "muted", "data-hidden": job.args_hidden },
@@ -46,6 +59,7 @@ function argsBlock(job) {
 
 function resultBlock(job) {
   if (job.result_sealed || job.sealed) return block("Result", "result", h("p", { class: "muted" }, "Encrypted: not shown."));
+  if (isHidden(job, "result")) return block("Result", "result", h("p", { class: "muted", "data-hidden": "token" }, SIGN_IN_NOTE));
   if (job.result === null || job.result === undefined) {
     return block("Result", "result", h("p", { class: "muted" }, job.finished_at ? "None." : "No result yet."));
   }
@@ -60,7 +74,7 @@ function errorItem(error, latest) {
     h("div", { class: "error-head" },
       h("strong", null, `Attempt ${error.attempt}`), " · ", when(error.at),
       error.sealed ? h("span", { class: "muted" }, " · encrypted") : null),
-    h("p", { class: "error-text" }, error.error ?? (error.sealed ? "Encrypted: not shown." : "")),
+    h("p", { class: "error-text" }, error.error ?? error.error_class ?? (error.sealed ? "Encrypted: not shown." : "")),
     detail);
 }
 
@@ -72,7 +86,7 @@ function errorsBlock(job) {
 }
 
 function progressBlock(job) {
-  if (job.progress === null || job.progress === undefined) return null;
+  if (isHidden(job, "progress") || job.progress === null || job.progress === undefined) return null;
   const value = Math.max(0, Math.min(100, Number(job.progress)));
   return h("div", { class: "progress-line", "data-field": "progress" },
     h("progress", { max: 100, value }), h("span", null, `${value}%`));
@@ -82,10 +96,10 @@ function facts(job) {
   const rows = [
     ["Queue", h("a", { href: href("jobs", { queue: job.queue }) }, job.queue)],
     ["Worker", h("code", null, job.worker)],
-    ["Priority", job.priority],
+    ["Priority", fact(job, "priority", job.priority)],
     ["Attempt", job.max_attempts === null || job.max_attempts === undefined
       ? `${job.attempt} (limit: the worker's own)` : `${job.attempt} of ${job.max_attempts}`],
-    ["Tags", (job.tags || []).length ? job.tags.map((t) => h("span", { class: "tag" }, t)) : "–"],
+    ["Tags", fact(job, "tags", (job.tags || []).length ? job.tags.map((t) => h("span", { class: "tag" }, t)) : "–")],
     ["Inserted", exact(job.inserted_at)],
     ["Scheduled", exact(job.scheduled_at)],
     ["Attempted", exact(job.attempted_at)],
@@ -94,8 +108,8 @@ function facts(job) {
     ...(job.cancel_requested_at && job.state === "executing"
       ? [["Cancel requested", `${exact(job.cancel_requested_at)}: its runner is stopping it`]]
       : []),
-    ["Unique key", job.unique_key ?? "–"],
-    ["Partition key", job.partition_key ?? "–"],
+    ["Unique key", fact(job, "unique_key", job.unique_key ?? "–")],
+    ["Partition key", fact(job, "partition_key", job.partition_key ?? "–")],
     ["Batch", job.batch_id ?? "–"],
     ["Archived", job.archived ? "yes (moved to the archive table)" : "no"],
   ];
@@ -168,7 +182,8 @@ export function mount(root, route, ctx) {
       h("div", { class: "job-grid" },
         h("section", { class: "card" }, h("h2", null, "Details"), facts(job)),
         h("div", { class: "stack" }, argsBlock(job), resultBlock(job),
-          block("Meta", "meta", pre(job.meta || {})))),
+          block("Meta", "meta", isHidden(job, "meta")
+            ? h("p", { class: "muted", "data-hidden": "token" }, SIGN_IN_NOTE) : pre(job.meta || {})))),
       failing ? null : errorsBlock(job),
       relatives("Parents (runs after these)", "parents", answer.parents),
       relatives("Children (run after this one)", "children", answer.children));

@@ -26,6 +26,7 @@ import psycopg
 from shigoto import config, logs
 from shigoto.cli import dashboard, jobs, rekey
 from shigoto.db import embedded
+from shigoto.db.roles import ROLES
 from shigoto.errors import ConfigurationError, Error, ValidationError
 from shigoto.flow.codel import DEFAULT_INTERVAL as SHED_INTERVAL
 from shigoto.runtime import event_loop
@@ -397,7 +398,24 @@ def build_parser() -> argparse.ArgumentParser:
     rekey.add_parsers(sub, _common)
     jobs.add_parsers(sub, _common)
     dashboard.add_parser(sub, _common)
+    _add_roles(sub)
     return parser
+
+
+def _add_roles(sub: Any) -> None:
+    """`shigoto roles --sql`: needs no database, so no --database-url (docs/database-roles.md)."""
+    p = sub.add_parser("roles", help="print the grants of the migrator, runner and enqueuer roles")
+    p.add_argument("--sql", action="store_true", help="print the GRANT statements")
+    p.add_argument("--schema", default=os.environ.get(config.ENV_SCHEMA, config.DEFAULT_SCHEMA),
+                   help="schema of the tables [SHIGOTO_SCHEMA] (default: public)")  # fmt: skip
+    p.add_argument("--role", choices=ROLES, default=os.environ.get("SHIGOTO_ROLE") or None,
+                   help="only this role's grants [SHIGOTO_ROLE] (default: all three)")  # fmt: skip
+    p.add_argument("--name", default=os.environ.get("SHIGOTO_ROLE_NAME") or None,
+                   help="the role's name, with --role [SHIGOTO_ROLE_NAME] (default: "
+                        "shigoto_<role>)")  # fmt: skip
+    p.add_argument("--owner", default=os.environ.get("SHIGOTO_ROLE_OWNER") or None,
+                   help="the migrator's name, for the runner's default privileges "
+                        "[SHIGOTO_ROLE_OWNER] (default: shigoto_migrator)")  # fmt: skip
 
 
 # -- main -----------------------------------------------------------------------------------
@@ -451,6 +469,21 @@ def _migrate(args: argparse.Namespace) -> int:
         return 0
     applied = migrate(_database_url(args), schema=args.schema)
     print(f"applied migrations {applied}" if applied else "schema is up to date")
+    return 0
+
+
+def _roles(args: argparse.Namespace) -> int:
+    from shigoto.db.roles import script
+
+    if not args.sql:
+        raise ConfigurationError("roles only prints grants for now: pass --sql")
+    if args.role is not None and args.role not in ROLES:
+        raise ConfigurationError(f"SHIGOTO_ROLE: must be one of {', '.join(ROLES)}, "
+                                 f"got {args.role!r}")  # fmt: skip
+    if args.name is not None and args.role is None:
+        raise ConfigurationError("--name needs --role: it names one role")
+    chosen = [args.role] if args.role else list(ROLES)
+    print(script(chosen, schema=args.schema, name=args.name, owner=args.owner), end="")
     return 0
 
 
@@ -715,6 +748,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "migrate": _migrate,
+    "roles": _roles,
     "run": _run,
     "enqueue": _enqueue,
     "status": _status,

@@ -6,6 +6,90 @@ steer its job, so they deliberately do not derive from `Error`.
 
 from __future__ import annotations
 
+import traceback
+
+#: Most bytes (UTF-8) of an attempt's error message, and of its traceback, that are stored in
+#: `errors` or written to a log line; the rest is cut, with a note of the cut. One failing job
+#: must not bloat its row (every attempt adds an entry, read back on every claim), nor the
+#: runner's memory or its log, however big the exception it raised.
+MAX_ERROR_BYTES = 64 * 1024
+#: Most bytes of one line of a stored traceback (an exception's own line quotes its message,
+#: which is stored whole, up to `MAX_ERROR_BYTES`, in the entry's `error`).
+MAX_TRACEBACK_LINE_BYTES = 4 * 1024
+
+
+def cut_note(total: int) -> str:
+    """What ends a cut text: visible, and saying how big the whole was."""
+    return f"… [cut: {total:,} bytes in all]"
+
+
+def utf8_size(text: str) -> int:
+    """Bytes of `text` as UTF-8 (lone surrogates counted as their 3 bytes). An ASCII string
+    is counted without encoding it: a 30 MB message is not copied to be measured."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def cut_text(text: str, limit: int = MAX_ERROR_BYTES, *, prefix: str = "") -> str:
+    """`prefix + text`, at most `limit` bytes of UTF-8: whole if it fits, else its head, cut
+    on a character boundary, and `cut_note`. Only the head is ever copied (`prefix + text`
+    is never built whole), so cutting a huge message costs no second copy of it."""
+    if len(prefix) + len(text) * 4 <= limit:  # fits whatever its characters: no counting
+        return prefix + text
+    total = utf8_size(prefix) + utf8_size(text)
+    if total <= limit:
+        return prefix + text
+    note = cut_note(total)
+    budget = max(limit - utf8_size(prefix) - utf8_size(note), 0)
+    return prefix + _utf8_head(text[:budget], budget) + note
+
+
+def _utf8_head(text: str, size: int) -> str:
+    """The longest head of `text` within `size` bytes of UTF-8: a character split by the cut
+    is left out whole (lone surrogates, which jsonb callers escape later, are kept)."""
+    raw = text.encode("utf-8", "surrogatepass")[:size]
+    for trim in range(4):  # a UTF-8 character is at most 4 bytes
+        try:
+            return raw[: len(raw) - trim].decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            continue
+    return raw.decode("utf-8", "ignore")  # pragma: no cover - unreachable for valid input
+
+
+def error_message(error: BaseException, limit: int = MAX_ERROR_BYTES) -> str:
+    """`"Type: message"` (or the type alone when the message is empty), at most `limit`
+    bytes: how an error is stored in `errors` and named in log lines."""
+    name = type(error).__name__
+    try:
+        text = str(error)
+    except Exception:  # a broken __str__ must not lose the attempt's outcome
+        text = "<unprintable message>"
+    return cut_text(text, limit, prefix=f"{name}: ") if text else name
+
+
+def error_traceback(error: BaseException, limit: int = MAX_ERROR_BYTES) -> str:
+    """The formatted traceback of `error` (chained exceptions included), its last `limit`
+    bytes at most, the most recent frames and the error itself being what explains it. Each
+    line is cut to `MAX_TRACEBACK_LINE_BYTES` as it is formatted, so an exception quoting
+    megabytes is never held formatted whole."""
+    lines = [_cut_line(line)
+             for chunk in traceback.TracebackException.from_exception(error).format()
+             for line in chunk.splitlines(keepends=True)]  # fmt: skip
+    kept: list[str] = []
+    size = 0
+    for line in reversed(lines):
+        size += utf8_size(line)
+        if size > limit:
+            kept.append("… [earlier frames cut]\n")
+            break
+        kept.append(line)
+    return "".join(reversed(kept))
+
+
+def _cut_line(line: str) -> str:
+    """One line of a traceback, cut, keeping its line end."""
+    cut = cut_text(line, MAX_TRACEBACK_LINE_BYTES)
+    return cut + "\n" if line.endswith("\n") and not cut.endswith("\n") else cut
+
 
 class Error(Exception):
     """Base of every error Shigoto raises."""

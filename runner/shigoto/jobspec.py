@@ -37,6 +37,11 @@ INT32 = (-(2**31), 2**31 - 1)
 #: Longest partition key accepted (migration 0014 checks the same): a key is read on every
 #: fair claim and shows up in logs, telemetry and metric labels.
 MAX_PARTITION_KEY = 200
+#: Most tags on one job, and longest tag, in characters. Tags are labels to filter by (the
+#: tags index, `shigoto retry --tag`), copied into every forwarded job and shown on every
+#: listing: a few short words, never data (that goes in args or meta).
+MAX_TAGS = 64
+MAX_TAG_CHARS = 255
 
 #: Keys an enqueue_many entry (and enqueue's options) may carry.
 OPTION_NAMES = frozenset(
@@ -303,15 +308,30 @@ def _schedule(scheduled_at: Any, schedule_in: Any) -> tuple[datetime | None, flo
 
 
 def _tags(value: Any) -> list[str]:
+    """At most `MAX_TAGS` non-empty strings of at most `MAX_TAG_CHARS` characters each; the
+    count is checked first, so a huge list is refused without walking (or quoting) it."""
     if value is None:
         return []
     if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
-        raise ValidationError("tags", f"must be a list of strings, got {value!r}")
+        raise ValidationError("tags", f"must be a list of strings, got {_quoted(value)}")
+    if len(value) > MAX_TAGS:
+        raise ValidationError("tags", f"at most {MAX_TAGS} tags per job, got {len(value)}")
     tags = list(value)
     for tag in tags:
         if not isinstance(tag, str) or not tag:
-            raise ValidationError("tags", f"each tag must be a non-empty string, got {tag!r}")
+            raise ValidationError("tags", f"each tag must be a non-empty string, got "
+                                  f"{_quoted(tag)}")  # fmt: skip
+        if len(tag) > MAX_TAG_CHARS:
+            raise ValidationError("tags", f"each tag may be at most {MAX_TAG_CHARS} characters, "
+                                  f"got one of {len(tag)}: {_quoted(tag)}")  # fmt: skip
     return tags
+
+
+def _quoted(value: Any, limit: int = 60) -> str:
+    """`repr(value)`, its head only: an error message never quotes megabytes of input."""
+    text = repr(value) if not isinstance(value, list | tuple | set | frozenset | dict) or len(
+        value) <= 10 else f"<{type(value).__name__} of {len(value)}>"  # fmt: skip
+    return text if len(text) <= limit else f"{text[:limit]}…"
 
 
 def _partition_key(value: Any) -> str | None:

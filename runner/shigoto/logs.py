@@ -68,18 +68,35 @@ def redact(text: str, url: str | None = None) -> str:
     return text
 
 
+#: Longest message, and exception text, of one log record, in characters: a last bound behind
+#: the components' own (an attempt's error is cut to 64 KiB before it is logged), so no record
+#: writes megabytes to a log, whatever quoted them.
+MAX_RECORD_CHARS = 256 * 1024
+
+
+def bounded(text: str, limit: int = MAX_RECORD_CHARS, *, tail: bool = False) -> str:
+    """`text`, or its head (its tail, for a traceback, whose end explains it) and a note of
+    the cut when it is over `limit` characters."""
+    if len(text) <= limit:
+        return text
+    note = f"… [cut: {len(text):,} characters in all]"
+    return f"{note}\n{text[-limit:]}" if tail else f"{text[:limit]}{note}"
+
+
 class RedactingFilter(logging.Filter):
-    """Masks passwords in a record's message, arguments and exception text (see `redact`)."""
+    """Masks passwords in a record's message, arguments and exception text (see `redact`),
+    and bounds them (`bounded`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        clean = redact(message)
+        clean = redact(bounded(message))
         if clean != message:
             record.msg, record.args = clean, None
         if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
             # Formatters print a record's cached exc_text rather than formatting it again;
             # exc_info itself stays for handlers that want the exception object.
-            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+            text = logging.Formatter().formatException(record.exc_info)
+            record.exc_text = redact(bounded(text, tail=True))
         return True
 
 

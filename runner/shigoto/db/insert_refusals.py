@@ -20,8 +20,26 @@ from shigoto.errors import ValidationError
 #: The same figure as `jobspec.MAX_ARGS_BYTES` (jobspec sits above this layer).
 MAX_BYTES = 16 * 1024 * 1024
 
+#: The same figure as `jobspec.MAX_TAG_CHARS`.
+MAX_TAG_CHARS = 255
+
 #: How migration 0009's trigger words an unknown parent.
 UNKNOWN_PARENT = "job depends on a job that does not exist"
+
+
+def _too_large(message: str) -> ValidationError:
+    """PostgreSQL's refusal of a value over one of its own limits, blaming the field at
+    fault: an index row too big comes from the tags index (args and meta are not indexed),
+    anything else from the args or meta."""
+    if "index row" in message and "tags" in message:
+        return ValidationError(
+            "tags", f"a tag is too long for the tags index ({message}); tags may be at most "
+            f"{MAX_TAG_CHARS} characters each",
+        )  # fmt: skip
+    return ValidationError(
+        "args", f"the job is too large for PostgreSQL ({message}); args and meta may be at "
+        f"most {MAX_BYTES} bytes of JSON each",
+    )  # fmt: skip
 
 
 class Refusals:
@@ -47,11 +65,7 @@ class Refusals:
                 "was pruned to the archive counts as finished)",
             ) from None
         if isinstance(exc, psycopg.errors.ProgramLimitExceeded):
-            raise ValidationError(
-                "args",
-                f"the job is too large for PostgreSQL ({exc.diag.message_primary}); args and "
-                f"meta may be at most {MAX_BYTES} bytes of JSON each",
-            ) from None
+            raise _too_large(exc.diag.message_primary or "") from None
 
     async def __aenter__(self) -> None:
         return None

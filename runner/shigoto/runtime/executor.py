@@ -27,6 +27,7 @@ import contextvars
 import functools
 import logging
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
@@ -42,7 +43,7 @@ from shigoto.job import Job, JobState
 from shigoto.middleware import execution_middleware
 from shigoto.runtime.isolation import perform_in_process
 from shigoto.runtime.job_encryption import JobEncryption, confidential
-from shigoto.runtime.job_log import describe, log, log_fields
+from shigoto.runtime.job_log import describe, log, log_fields, log_traceback
 from shigoto.runtime.outcome import (  # noqa: F401  (re-exported: the executor's outcomes)
     MAX_RESULT_BYTES,
     MAX_TRACEBACK_CHARS,
@@ -50,6 +51,7 @@ from shigoto.runtime.outcome import (  # noqa: F401  (re-exported: the executor'
     Undecodable,
     _clean,
     _result_json,
+    bounded_reason,
     error_entry,
     storable_problem,
     undecodable_problem,
@@ -203,6 +205,9 @@ class JobExecutor:
                 reset_parent_results(parents)
         duration = time.monotonic() - started
         completion = await self._complete(job, worker, outcome, duration, sealed)
+        if isinstance(outcome, _Failure):
+            _release(outcome.error)
+        del outcome
         if ctx is not None and ctx.progress is not None:
             completion = replace(completion, progress=ctx.progress)
         return completion
@@ -216,7 +221,7 @@ class JobExecutor:
         """The outcome of a job an operator cancelled: reported, and recorded as `cancelled`
         with the reason as its last error."""
         self._report_cancel(job, duration, reason)
-        entry = {"attempt": job.attempt, "error": _clean(f"Cancelled: {reason}"),
+        entry = {"attempt": job.attempt, "error": bounded_reason(f"Cancelled: {reason}"),
                  "traceback": ""}  # fmt: skip
         return Completion(job, JobState.CANCELLED, error=entry)
 
@@ -405,9 +410,9 @@ class JobExecutor:
                      job.id, job.worker, job.attempt, max_attempts, delay,
                      next_at.isoformat(timespec="seconds"), what,
                      extra={**fields, "delay": delay, "next_at": next_at.isoformat()})  # fmt: skip
-        if log.isEnabledFor(self.traceback_level) and kind == "failure" and not sealed:
-            log.log(self.traceback_level, "traceback of job %s (%s), attempt %d", job.id,
-                    job.worker, job.attempt, exc_info=error, extra=fields)  # fmt: skip
+        if kind == "failure" and not sealed:
+            log_traceback(self.traceback_level, error, "traceback of job %s (%s), attempt %d",
+                          job.id, job.worker, job.attempt, extra=fields)  # fmt: skip
 
     async def _discard(
         self,
@@ -461,6 +466,14 @@ def uncancel() -> None:
     task = asyncio.current_task()
     if task is not None:
         task.uncancel()
+
+
+def _release(error: BaseException) -> None:
+    """Drop the locals of the finished frames `error`'s traceback holds, once its outcome is
+    decided. They hold the error itself (the future that carried it, the outcome): a
+    reference cycle that only the garbage collector's rare full runs free, so every failed
+    attempt's exception, whatever its size, stayed in the runner's memory until then."""
+    traceback.clear_frames(error.__traceback__)
 
 
 def _queue_time(job: Job) -> float | None:

@@ -22,13 +22,12 @@ import contextlib
 import importlib
 import multiprocessing
 import pickle
-import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from shigoto.context import JobContext, set_current
-from shigoto.errors import Cancel, Discard, Error, Snooze
+from shigoto.errors import Cancel, Discard, Error, Snooze, error_message, error_traceback
 from shigoto.worker import Worker, lookup
 
 _SPAWN = multiprocessing.get_context("spawn")
@@ -171,7 +170,7 @@ def _final(value: Any) -> tuple[Any, ...]:
     if isinstance(value, Discard):
         return ("discard", value.reason)
     if isinstance(value, BaseException):
-        return ("error", _portable(value), "".join(traceback.format_exception(value)))
+        return ("error", _portable(value), error_traceback(value))
     return ("result", value)
 
 
@@ -180,8 +179,7 @@ def _portable(error: BaseException) -> BaseException:
     try:
         pickle.loads(pickle.dumps(error))
     except Exception:
-        message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-        return IsolatedPerformError(message)
+        return IsolatedPerformError(error_message(error))
     return error
 
 

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from shigoto.encryption import DecryptionError
+from shigoto.errors import error_message, error_traceback
 from shigoto.job import Job
 
 log = logging.getLogger("shigoto.executor")
@@ -24,10 +25,26 @@ def log_fields(job: Job) -> dict[str, Any]:
 
 def describe(error: BaseException, sealed: bool = False) -> str:
     """How a log line names an error; for an encrypted job only its type (its message may
-    quote the args), except a DecryptionError, which names only key id and job."""
+    quote the args), except a DecryptionError, which names only key id and job. The message
+    is cut as the stored one is (`shigoto.errors.MAX_ERROR_BYTES`)."""
     if sealed and not isinstance(error, DecryptionError):
         return type(error).__name__
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return error_message(error)
 
 
-__all__ = ["describe", "log", "log_fields"]
+def log_traceback(
+    level: int, error: BaseException, msg: str, *args: Any, extra: dict[str, Any]
+) -> None:
+    """Log `msg` with `error` as its exception, its text cut (`shigoto.errors.error_traceback`)
+    and set as the record's `exc_text`: formatters print that instead of formatting the
+    exception whole, and handlers that want the exception object still find it in
+    `exc_info`."""
+    if not log.isEnabledFor(level):
+        return
+    record = log.makeRecord(log.name, level, "(shigoto)", 0, msg, args,
+                            (type(error), error, error.__traceback__), extra=extra)  # fmt: skip
+    record.exc_text = error_traceback(error).rstrip("\n")
+    log.handle(record)
+
+
+__all__ = ["describe", "log", "log_fields", "log_traceback"]

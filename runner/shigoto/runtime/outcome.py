@@ -9,15 +9,16 @@ from __future__ import annotations
 import json
 import logging
 import re
-import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from shigoto.errors import MAX_ERROR_BYTES, cut_text, error_message, error_traceback
 from shigoto.job import Job, JobState
 
 log = logging.getLogger("shigoto.executor")
 
+#: Most bytes of a stored traceback: its end, where the failing frame and the error are.
 MAX_TRACEBACK_CHARS = 20_000
 
 
@@ -43,14 +44,17 @@ class Completion:
 def error_entry(
     attempt: int, error: BaseException, *, with_traceback: bool = True
 ) -> dict[str, Any]:
-    """One element of `errors`; the database adds `at` with its own clock."""
-    message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    tb = "".join(traceback.format_exception(error)) if with_traceback else ""
-    return {
-        "attempt": attempt,
-        "error": _clean(message),
-        "traceback": _clean(tb[-MAX_TRACEBACK_CHARS:]),
-    }
+    """One element of `errors`; the database adds `at` with its own clock. The message and
+    the traceback are cut (`shigoto.errors.MAX_ERROR_BYTES`, `MAX_TRACEBACK_CHARS`) before
+    anything else copies them: a job raising a 30 MB message stores and logs 64 KiB."""
+    tb = error_traceback(error, MAX_TRACEBACK_CHARS) if with_traceback else ""
+    return {"attempt": attempt, "error": _clean(error_message(error)), "traceback": _clean(tb)}
+
+
+def bounded_reason(text: str) -> str:
+    """A reason written as an error entry (an operator's cancel, a refused write), cut and
+    made storable like an exception's message."""
+    return _clean(cut_text(text, MAX_ERROR_BYTES))
 
 
 def _clean(text: str) -> str:
@@ -122,7 +126,7 @@ def unstorable(completion: Completion, reason: str) -> Completion:
     """The completion as written when the database refused it: same outcome, no result, and
     one error entry saying why (it replaces the original entry, which may be what was
     refused). The perform itself ended; re-running it would repeat its side effects."""
-    entry = {"attempt": completion.job.attempt, "error": _clean(reason), "traceback": ""}
+    entry = {"attempt": completion.job.attempt, "error": bounded_reason(reason), "traceback": ""}
     return replace(completion, result_json=None, error=entry)
 
 
@@ -133,6 +137,7 @@ def _fields(job: Job) -> dict[str, Any]:
 
 
 __all__ = [
-    "MAX_RESULT_BYTES", "MAX_TRACEBACK_CHARS", "Completion", "Undecodable", "error_entry",
+    "MAX_RESULT_BYTES", "MAX_TRACEBACK_CHARS", "Completion", "Undecodable", "bounded_reason",
+    "error_entry",
     "storable_problem", "undecodable_problem", "unstorable",
 ]  # fmt: skip

@@ -74,8 +74,10 @@ class Threads(Executor):
                 self._idle.pop().inbox.put(call)
             elif self.max_threads is None or self._threads < self.max_threads:
                 self._threads += 1
+                # Handed over in a list the thread empties: a Thread keeps its args until it
+                # exits, and with them its first call's (a job's args, an exception).
                 threading.Thread(
-                    target=self._loop, args=(call,), daemon=True,
+                    target=self._loop, args=([call],), daemon=True,
                     name=f"{self.name}-{next(self._numbers)}",
                 ).start()  # fmt: skip
             else:
@@ -124,9 +126,14 @@ class Threads(Executor):
 
     # -- the thread ------------------------------------------------------------------------
 
-    def _loop(self, call: _Call | None) -> None:
+    def _loop(self, first: list[_Call]) -> None:
+        call: _Call | None = first.pop()
         while call is not None:
-            call = self._wait(_run(call, self._reserve))
+            following = _run(call, self._reserve)
+            # Drop the finished call before waiting: an idle thread must not keep its args
+            # (a job's args, the exception handed to a backoff) alive until its next call.
+            call = None
+            call = self._wait(following)
         with self._lock:
             self._threads -= 1
 

@@ -11,6 +11,7 @@ perform's (`abandon`): nothing waits for it again.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
@@ -19,7 +20,7 @@ from shigoto.backoff import default_backoff
 from shigoto.encryption import DecryptionError
 from shigoto.job import Job
 from shigoto.runtime.job_encryption import JobEncryption
-from shigoto.runtime.job_log import describe, log, log_fields
+from shigoto.runtime.job_log import describe, log, log_fields, log_traceback
 from shigoto.worker import Worker
 
 #: Seconds a worker's `backoff` or `on_discard` may take before the outcome is recorded without.
@@ -46,9 +47,9 @@ class WorkerCallbacks:
         try:
             delay = float(await self._call(job, "backoff", worker.backoff, job.attempt, error))
         except Exception as exc:
-            log.error("backoff of %s failed or timed out for job %s; using the default: %s",
-                      job.worker, job.id, describe(exc, sealed), exc_info=not sealed,
-                      extra=log_fields(job))  # fmt: skip
+            _logged(exc, sealed, "backoff of %s failed or timed out for job %s; using the "
+                    "default: %s", job.worker, job.id, describe(exc, sealed),
+                    extra=log_fields(job))  # fmt: skip
             return default_backoff(job.attempt)
         return max(delay, 0.0)
 
@@ -71,10 +72,8 @@ class WorkerCallbacks:
             else:
                 await self._call(job, "on_discard", worker.on_discard, job.args, errors)
         except Exception as exc:
-            log.error(
-                "on_discard of %s failed or timed out for job %s: %s", job.worker, job.id,
-                describe(exc, sealed), exc_info=not sealed, extra=log_fields(job),
-            )  # fmt: skip
+            _logged(exc, sealed, "on_discard of %s failed or timed out for job %s: %s",
+                    job.worker, job.id, describe(exc, sealed), extra=log_fields(job))  # fmt: skip
 
     async def _call(self, job: Job, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` on a callback thread; raises TimeoutError after the timeout."""
@@ -98,6 +97,16 @@ def abandon(executor: Executor, future: Future[Any]) -> None:
         count_stuck(future)
     else:
         future.cancel()
+
+
+def _logged(error: BaseException, sealed: bool, msg: str, *args: Any,
+            extra: dict[str, Any]) -> None:  # fmt: skip
+    """An ERROR line about a callback's failure: with its traceback, cut like a job's
+    (`job_log.log_traceback`), unless the job is encrypted (a traceback may quote the args)."""
+    if sealed:
+        log.error(msg, *args, extra=extra)
+    else:
+        log_traceback(logging.ERROR, error, msg, *args, extra=extra)
 
 
 __all__ = ["CALLBACK_THREADS", "CALLBACK_TIMEOUT", "WorkerCallbacks", "abandon"]

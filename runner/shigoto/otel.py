@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from shigoto import middleware
+from shigoto import errors, middleware
 from shigoto.context import current_job
 from shigoto.errors import Cancel, ConfigurationError, Discard, Error, Snooze
 from shigoto.job import Job
@@ -182,8 +182,14 @@ def _ended(span: Span, raised: BaseException) -> None:
         span.set_status(Status(StatusCode.ERROR, "attempt interrupted: timeout, cancel or "
                                                  "shutdown"))  # fmt: skip
         return
-    span.record_exception(raised)
-    span.set_status(Status(StatusCode.ERROR, f"{type(raised).__name__}: {raised}"))
+    # The exception event of OpenTelemetry's conventions, written here rather than by
+    # record_exception, which would copy a message and traceback of any size into the span.
+    span.add_event("exception", {
+        "exception.type": type(raised).__qualname__,
+        "exception.message": errors.cut_text(str(raised)),
+        "exception.stacktrace": errors.error_traceback(raised),
+    })  # fmt: skip
+    span.set_status(Status(StatusCode.ERROR, errors.error_message(raised)))
 
 
 def _max_attempts() -> int:

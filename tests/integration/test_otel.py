@@ -19,6 +19,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import shigoto
 from shigoto import otel
+from shigoto.errors import MAX_ERROR_BYTES
 from tests.support import middleware_workers as mw
 from tests.support.in_process import running
 from tests.support.waiting import row, until, wait_until
@@ -97,6 +98,18 @@ def test_a_failure_is_recorded_with_status_error(
     assert event.name == "exception"
     assert event.attributes["exception.message"] == "no disk"  # type: ignore[index]
     assert row(conn, job.id)["errors"][0]["error"] == "ValueError: no disk"  # still recorded
+
+
+def test_a_huge_error_message_is_cut_on_the_span_too(exporter: InMemorySpanExporter) -> None:
+    """The span's exception event and status carry the stored, cut message (issue 24), not a
+    copy of whatever size the exception had."""
+    shigoto.enqueue(mw.fails, {"why": "x" * 2_000_000})
+    assert shigoto.drain_queue() == {"retryable": 1}
+    process = only(list(exporter.get_finished_spans()), SpanKind.CONSUMER)
+    [event] = process.events
+    message = event.attributes["exception.message"]  # type: ignore[index]
+    assert len(message.encode()) <= MAX_ERROR_BYTES and "[cut: 2,000,000 bytes" in message
+    assert len(process.status.description.encode()) <= MAX_ERROR_BYTES  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,10 @@
 The CRDs install and reject bad objects at `kubectl apply`; the operator, logged in with its
 ServiceAccount's own token, drives a Queue on a fresh database to Ready, scales on 500 jobs and
 back to zero, keeps a CronSchedule's row, and is denied what it must not do; a real garbage
-collector removes a runner Deployment through its owner reference; the opt-in admission policy
-refuses a disallowed image. Needs SHIGOTO_E2E_KUBECONFIG (see conftest.py); no node is needed.
+collector removes a runner Deployment through its owner reference; the admission policies of the
+default install refuse a disallowed image, ServiceAccount or toleration, and a Queue or
+CronSchedule naming a Secret its author may not read (as a user impersonated with `--as`).
+Needs SHIGOTO_E2E_KUBECONFIG (see conftest.py); no node is needed.
 """
 
 from __future__ import annotations
@@ -302,33 +304,32 @@ def test_garbage_collector_removes_the_runner_deployment_through_its_owner_refer
     )
 
 
-# --- the opt-in admission policy -----------------------------------------------------------------
+# --- the admission policies, part of the default install -----------------------------------------
 
 
-@pytest.fixture
-def queue_policy(installed: Kube) -> Any:
-    installed("apply", "-k", str(ROOT / "deploy" / "policies"))
-    yield installed
-    installed("delete", "-k", str(ROOT / "deploy" / "policies"), "--ignore-not-found")
+def _in_force(kube: Kube) -> None:
+    """A policy takes effect within seconds of its install: the API server compiles it
+    asynchronously."""
+    evil = queue_manifest("default", "evil", runner={"image": "docker.io/evil/miner:1"})
+    eventually(
+        lambda: "spec.runner.image" in kube.apply(evil, dry_run=True).stderr,
+        timeout=60,
+        message="admission policy in force",
+    )
 
 
 def test_admission_policy_refuses_disallowed_images_and_service_accounts(
-    queue_policy: Kube,
+    installed: Kube,
 ) -> None:
-    kube = queue_policy
+    kube = installed
+    _in_force(kube)
 
     def refused(manifest: str) -> str:
         result = kube.apply(manifest, dry_run=True)
         return result.stderr if result.returncode != 0 else ""
 
     evil = queue_manifest("default", "evil", runner={"image": "docker.io/evil/miner:1"})
-    # a new policy takes effect within seconds: the API server compiles it and loads its
-    # params asynchronously (until then it denies every Queue: "no params found")
-    message = eventually(
-        lambda: (m := refused(evil)) and "spec.runner.image" in m and m,
-        timeout=60,
-        message="policy in force with its params",
-    )
+    message = refused(evil)
     assert "spec.runner.image" in message and "docker.io/evil/miner:1" in message
     sa = queue_manifest(
         "default",
@@ -344,6 +345,103 @@ def test_admission_policy_refuses_disallowed_images_and_service_accounts(
     assert "spec.runner.tolerations" in refused(tolerant)
     fine = queue_manifest("default", "fine", runner={"image": "registry.example.com/w:1"})
     assert refused(fine) == ""
+
+
+AUTHOR = "alice"  # impersonated: a user, not a ServiceAccount, with only the Role below
+
+
+def _role(namespace: str, name: str, rules: list[dict[str, Any]]) -> str:
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": name, "namespace": namespace}, "rules": rules}  # fmt: skip
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": AUTHOR}],
+    }  # fmt: skip
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": [role, binding]})
+
+
+def test_a_queue_author_cannot_name_a_secret_they_may_not_read(
+    installed: Kube, namespace: str
+) -> None:
+    """The confused deputy closed: alice may create Queues and CronSchedules but not read
+    Secrets. The operator could read any Secret of the namespace and hand it to a runner pod
+    running alice's image; the policy asks the API server's authorizer, as alice, about each
+    Secret the object names, and refuses at apply with the field. Once alice may get that
+    Secret herself, the same Queue is accepted."""
+    kube, ns = installed, namespace
+    _in_force(kube)
+    kube.run("apply", "-f", "-", stdin=secret_manifest(ns, "team-db", "postgresql://x@db/x"))
+    kube.run("apply", "-f", "-", stdin=secret_manifest(ns, "payroll", "postgresql://y@db/y"))
+    kube.run("apply", "-f", "-", stdin=_role(ns, "queue-author", [
+        {"apiGroups": ["shigoto.dev"], "resources": ["queues", "cronschedules"],
+         "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"]},
+    ]))  # fmt: skip
+
+    def can(verb: str, what: str) -> bool:
+        argv = ["auth", "can-i", verb, what, "-n", ns, f"--as={AUTHOR}"]
+        return kube.run(*argv, check=False).stdout.strip() == "yes"
+
+    def as_author(manifest: str) -> Any:
+        return kube.run(f"--as={AUTHOR}", "apply", "-f", "-", stdin=manifest, check=False)
+
+    assert can("create", "queues.shigoto.dev") and can("patch", "cronschedules.shigoto.dev")
+    assert not can("get", "secret/team-db") and not can("list", "secrets")
+
+    image = {"image": "shigoto-example:0.1.0"}
+    queue = queue_manifest(ns, "q", database={"secretRef": {"name": "team-db"}}, runner=image)
+    cron = cron_manifest(ns, "c", database={"secretRef": {"name": "team-db"}})
+    for manifest, kind in ((queue, "queue"), (cron, "cronschedule")):
+        result = as_author(manifest)  # a real apply, not a dry run
+        assert result.returncode != 0, f"{kind} accepted:\n{result.stdout}"
+        said = result.stderr
+        assert "spec.database.secretRef names Secret team-db" in said, said
+        assert f"which you ({AUTHOR}) may not get in namespace {ns}" in said, said
+        assert "ask for get on it" in said, said  # the fix
+        assert kube.get(kind, "-n", ns, kind[0]) is None
+    # granted `get` on that one Secret (by name), alice may use it
+    kube.run("apply", "-f", "-", stdin=_role(ns, "read-team-db", [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["team-db"],
+         "verbs": ["get"]},
+    ]))  # fmt: skip
+    eventually(lambda: can("get", "secret/team-db"), timeout=30, message="grant in force")
+    for manifest, kind in ((queue, "queue"), (cron, "cronschedule")):
+        result = as_author(manifest)
+        assert result.returncode == 0, f"{kind} refused after the grant:\n{result.stderr}"
+        assert kube.get(kind, "-n", ns, kind[0]) is not None
+    # ... and only it: every other place a Queue can name a Secret is checked the same way
+    readable = {"secretRef": {"name": "team-db"}}
+    elsewhere = {
+        "spec.runner.env[SMTP].valueFrom.secretKeyRef": {"runner": {**image, "env": [
+            {"name": "SMTP", "valueFrom": {"secretKeyRef": {"name": "payroll", "key": "url"}}}]}},
+        "spec.runner.envFrom[].secretRef": {"runner": {**image, "envFrom": [
+            {"secretRef": {"name": "payroll"}}]}},
+        "spec.encryption.keysSecretRef": {"encryption": {"keysSecretRef": {"name": "payroll"}}},
+    }  # fmt: skip
+    for field, spec in elsewhere.items():
+        result = as_author(queue_manifest(ns, "other", **spec, database=readable))
+        assert result.returncode != 0 and field in result.stderr, (field, result.stderr)
+    # ... nor on a change of her Queue's spec
+    patch = {"spec": {"database": {"directUrlSecretRef": {"name": "payroll"}}}}
+    result = kube.run(f"--as={AUTHOR}", "-n", ns, "patch", "queue", "q", "--type=merge",
+                      "-p", json.dumps(patch), check=False)  # fmt: skip
+    assert result.returncode != 0, result.stdout
+    assert "spec.database.directUrlSecretRef names Secret payroll" in result.stderr
+    # and an image outside the allowed prefixes stays refused whatever she may read
+    evil = queue_manifest(ns, "q2", database={"secretRef": {"name": "team-db"}},
+                          runner={"image": "docker.io/evil/miner:1"})  # fmt: skip
+    result = as_author(evil)
+    assert result.returncode != 0 and "spec.runner.image docker.io/evil/miner:1" in result.stderr
+    # a Queue an admin made with a Secret alice may not read: she may not change its spec
+    # (her image would get that Secret), while metadata alone, which is what the operator
+    # writes (finalizers, annotations), is never checked
+    kube.run("apply", "-f", "-", stdin=queue_manifest(
+        ns, "legacy", database={"secretRef": {"name": "payroll"}}, runner=image))  # fmt: skip
+    result = kube.run(f"--as={AUTHOR}", "-n", ns, "patch", "queue", "legacy", "--type=merge",
+                      "-p", '{"spec":{"concurrency":3}}', check=False)  # fmt: skip
+    assert result.returncode != 0 and "names Secret payroll" in result.stderr, result.stderr
+    kube(f"--as={AUTHOR}", "-n", ns, "annotate", "queue", "legacy", "e2e=1")
 
 
 # --- the namespaced install -------------------------------------------------------------------

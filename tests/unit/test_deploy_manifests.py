@@ -136,6 +136,10 @@ def test_base_installs_everything_the_operator_needs() -> None:
             ("ClusterRole", "shigoto-operator"),
             ("ClusterRoleBinding", "shigoto-operator"),
             ("Deployment", "shigoto-operator"),
+            ("ValidatingAdmissionPolicy", "shigoto-queue-runner"),
+            ("ValidatingAdmissionPolicyBinding", "shigoto-queue-runner"),
+            ("ValidatingAdmissionPolicy", "shigoto-cronschedule-secrets"),
+            ("ValidatingAdmissionPolicyBinding", "shigoto-cronschedule-secrets"),
         ]
     )
     namespaced = [o for o in _base_resources() if o["kind"] in ("ServiceAccount", "Deployment")]

@@ -1,4 +1,5 @@
-"""The namespaced install and the opt-in Queue admission policy, rendered by real kustomize.
+"""The namespaced install and the Queue and CronSchedule admission policies, rendered by real
+kustomize.
 
 The namespaced install must be the cluster-wide one minus every cluster-wide right on data:
 the same operator Deployment (but told which namespaces to watch), Roles with the same verbs
@@ -83,28 +84,66 @@ def test_both_installs_ship_the_same_crds_and_operator_pod_apart_from_the_comman
     assert a == b
 
 
-def test_queue_policy_is_a_v1_admission_policy_with_a_deny_binding() -> None:
+POLICY_NAMES = {"shigoto-queue-runner", "shigoto-cronschedule-secrets"}
+
+
+def test_policies_are_v1_admission_policies_with_deny_bindings() -> None:
     objects = render(DEPLOY / "policies")
-    [policy] = by_kind(objects, "ValidatingAdmissionPolicy")
-    [binding] = by_kind(objects, "ValidatingAdmissionPolicyBinding")
-    assert policy["apiVersion"] == "admissionregistration.k8s.io/v1"
-    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
-    assert binding["spec"]["validationActions"] == ["Deny"]
-    # no parameter resource: kubernetes#133827 made a ConfigMap parameter deny every Queue
-    assert "paramKind" not in policy["spec"] and "paramRef" not in binding["spec"]
-    names = {v["name"] for v in policy["spec"]["variables"]}
-    assert names == {"allowedImagePrefixes", "allowedServiceAccounts", "allowTolerations"}
-    [rule] = policy["spec"]["matchConstraints"]["resourceRules"]
-    assert (rule["apiGroups"], rule["resources"]) == (["shigoto.dev"], ["queues"])
-    for validation in policy["spec"]["validations"]:
-        said = validation.get("message", "") + validation.get("messageExpression", "")
-        assert "spec.runner." in said, "each refusal names the field"
+    policies = {p["metadata"]["name"]: p for p in by_kind(objects, "ValidatingAdmissionPolicy")}
+    bindings = by_kind(objects, "ValidatingAdmissionPolicyBinding")
+    assert set(policies) == POLICY_NAMES
+    assert {b["spec"]["policyName"] for b in bindings} == POLICY_NAMES
+    for binding in bindings:
+        assert binding["metadata"]["name"] == binding["spec"]["policyName"]
+        assert binding["spec"]["validationActions"] == ["Deny"]
+        # bound everywhere: no namespace or object selector to step around
+        assert "matchResources" not in binding["spec"]
+        # no parameter resource: kubernetes#133827 made a ConfigMap parameter deny every Queue
+        assert "paramRef" not in binding["spec"]
+    for policy in policies.values():
+        assert policy["apiVersion"] == "admissionregistration.k8s.io/v1"
+        assert policy["spec"]["failurePolicy"] == "Fail"
+        assert "paramKind" not in policy["spec"]
+        [rule] = policy["spec"]["matchConstraints"]["resourceRules"]
+        assert rule["apiGroups"] == ["shigoto.dev"]
+        for validation in policy["spec"]["validations"]:
+            said = validation.get("message", "") + validation.get("messageExpression", "")
+            assert "spec." in said or "refMessages" in said, "each refusal names the field"
+    queue = policies["shigoto-queue-runner"]
+    assert queue["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["queues"]
+    names = [v["name"] for v in queue["spec"]["variables"]]
+    # what an admin's overlay patches, by index (docs/kubernetes.md): keep them first, in order
+    assert names[:3] == ["allowedImagePrefixes", "allowedServiceAccounts", "allowTolerations"]
 
 
-def test_policy_is_not_part_of_either_install() -> None:
+def test_both_installs_ship_the_policies() -> None:
+    """The admission policies are part of the default install and of the namespaced one,
+    exactly as deploy/policies/ has them."""
+    shipped = [o for o in render(DEPLOY / "policies")]
     for directory in (DEPLOY, DEPLOY / "namespaced"):
-        kinds = {o["kind"] for o in render(directory)}
-        assert "ValidatingAdmissionPolicy" not in kinds, directory
+        objects = render(directory)
+        found = [o for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")]
+        assert sorted(found, key=str) == sorted(shipped, key=str), directory
+
+
+def test_an_overlay_patch_changes_what_the_policy_allows(tmp_path: Path) -> None:
+    """The way docs/kubernetes.md tells an admin to set the lists: a JSON patch on the
+    variable, guarded by a `test` of its name."""
+    (tmp_path / "shigoto").symlink_to(DEPLOY.parent)
+    (tmp_path / "kustomization.yaml").write_text(
+        "resources:\n  - shigoto/deploy\n"
+        "patches:\n"
+        "  - target: {kind: ValidatingAdmissionPolicy, name: shigoto-queue-runner}\n"
+        "    patch: |-\n"
+        "      - {op: test, path: /spec/variables/0/name, value: allowedImagePrefixes}\n"
+        "      - op: replace\n"
+        "        path: /spec/variables/0/expression\n"
+        "        value: \"['registry.internal/team-a/']\"\n"
+    )
+    [policy] = [o for o in render(tmp_path) if o["kind"] == "ValidatingAdmissionPolicy"
+                and o["metadata"]["name"] == "shigoto-queue-runner"]  # fmt: skip
+    [prefixes] = [v for v in policy["spec"]["variables"] if v["name"] == "allowedImagePrefixes"]
+    assert prefixes["expression"] == "['registry.internal/team-a/']"
 
 
 def test_dashboard_component_serves_the_operator_dashboard_behind_a_service(

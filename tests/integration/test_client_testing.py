@@ -145,7 +145,11 @@ def test_recorded(shigoto):
 ''')
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SHIGOTO_DATABASE_URL": NOWHERE}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        # A basetemp of its own: a pytest session resets /tmp/pytest-of-<user> to 0700, which
+        # would lock the embedded servers' user out of the private servers of tests running
+        # beside this one.
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "--basetemp", str(tmp_path / "inner"), str(tmp_path)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr

@@ -168,7 +168,9 @@ async def test_disruption_budget_exists_while_the_spec_asks_for_it(kmock: Any, d
         )
         await cluster.patch_spec(k8s.QUEUES, "safe", {"disruption": None})
         await eventually(lambda: _gone(cluster, pdb), message="removed with the field")
-        assert "DisruptionBudgetDeleted" in cluster.event_reasons()
+        # The Event is posted after the deletion it reports.
+        await eventually(lambda: _value("DisruptionBudgetDeleted" in cluster.event_reasons()),
+                         message="a DisruptionBudgetDeleted Event")  # fmt: skip
 
         await cluster.patch_spec(k8s.QUEUES, "safe", {"disruption": {"maxUnavailable": 2}})
         await eventually(lambda: _exists(cluster, pdb), message="back")

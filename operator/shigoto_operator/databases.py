@@ -226,14 +226,21 @@ class Database:
             if migrate_it:
                 url = migration_url or self.routes.migrate_url
                 if url is None:
-                    return SchemaCheck((MIGRATION_FAILED, self._no_session()))
+                    return await self._without_session()
                 return await self._migrate(url, attempt)
             return await self._check_version()
 
-    def _no_session(self) -> str:
+    async def _without_session(self) -> SchemaCheck:
         """Behind a transaction pooler with neither a direct nor a migration URL: migrations
         take a session lock and build indexes outside transactions, which the pooler cannot
-        give, so nothing is tried."""
+        give, so nothing is tried. A schema already current (migrated by someone else) needs
+        no session and is fine."""
+        check = await self._check_version()
+        if check.problem is None or check.problem[0] != "SchemaNotMigrated":
+            return check
+        return SchemaCheck((MIGRATION_FAILED, self._no_session()), check.pending)
+
+    def _no_session(self) -> str:
         return (
             f"{self.name}: spec.database.pooler is transaction, and migrations need a session "
             "of their own: set spec.database.directUrlSecretRef (or migrationSecretRef) to a "

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import shigoto
 from shigoto.db.migrate import MigrationProgress, amigrate
 from shigoto.errors import MigrationError
 from shigoto_operator import k8s, migrations
@@ -146,6 +147,12 @@ async def test_behind_a_transaction_pooler_without_a_session_url_nothing_is_trie
         assert "spec.database.directUrlSecretRef" in cond["message"]
         assert stand_in.calls == 0
         assert not _tables(empty_db_url)
+
+        # Migrated by someone else (a job with a direct URL): nothing to run, no session needed.
+        shigoto.migrate(empty_db_url)
+        ready = await eventually(lambda: reason(cluster, "pooled", "ScaledToZero"), message="Ready")
+        assert ready["status"] == "True"
+        assert stand_in.calls == 0
 
 
 def test_the_events_of_a_run_are_posted_once_by_each_object_that_saw_it() -> None:

@@ -4,7 +4,8 @@ Components log with `extra={...}`; both formats carry those fields. Job args are
 
 Database URLs come from Secrets, and libpq and psycopg's pool quote them back in their errors
 (a malformed conninfo string, a password with a stray `%`). `redact` masks what looks like a
-password there, and `RedactingFilter` applies it to every log record: `configure` puts it on the
+password there, and only that (the rest of a complaint says what to fix), and
+`RedactingFilter` applies it to every log record: `configure` puts it on the
 CLI's handler, and `install_redaction` (run when `shigoto` is imported) on psycopg's loggers, so
 a runner embedded in an application is covered too.
 """
@@ -20,52 +21,125 @@ from datetime import UTC, datetime
 from typing import Any
 
 _URL_PASSWORD = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@")
-_KEYWORD_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+#: The user-info of anything URL-like, the scheme misspelled too (`postgresql//app:pw@db`):
+#: libpq quotes a URL it cannot parse whole.
+_LOOSE_URL_PASSWORD = re.compile(r"(//[^:/@\s\"]*:)[^@\s\"]*@")
+_KEYWORD_PASSWORD = re.compile(
+    r"((?:password|oauth_client_secret|scram_client_key|scram_server_key)\s*=\s*)"
+    r"('(?:[^'\\]|\\.)*'|\S+)",
+    re.IGNORECASE,
+)
 #: libpq's complaints about a conninfo string or URL quote the offending piece of it, which
 #: may be the password itself (`invalid percent-encoded token: "pa%zz"`).
 _CONNINFO_COMPLAINT = re.compile(
     r"connection info string|connection option|percent-encoded|URI|conninfo", re.IGNORECASE
 )
-_QUOTED = re.compile(r'"[^"]*"')
+_QUOTED = re.compile(r'"([^"]*)"')
+#: `invalid integer value "abc" for connection option "port"`: the value of a named option.
+_OPTION_VALUE = re.compile(r'"([^"]*)" for connection option "([^"]*)"')
+#: libpq options whose value is a secret: their values are never shown.
+_SECRET_OPTIONS = frozenset(
+    {"password", "sslpassword", "oauth_client_secret", "scram_client_key", "scram_server_key"}
+)
+#: Shortest remembered password masked wherever it appears: a shorter one is masked only
+#: where it stands alone in quotes, so a trivial one does not blank out ordinary words.
+_MIN_ANYWHERE = 4
 _secrets: set[str] = set()
 _secrets_lock = threading.Lock()
 
 
 def remember_secret(url: str | None) -> None:
-    """Mask the password of `url` wherever it appears in later output (from 4 characters up,
-    so a trivial one does not blank out ordinary words)."""
-    password = _password_of(url) if url else None
-    if password and len(password) >= 4:
+    """Mask the password of `url` wherever it appears in later output; a URL libpq cannot
+    parse is read loosely (`user:PASSWORD@`, `password=...`), since its complaint about it
+    may quote the password."""
+    found = _passwords_of(url) if url else set()
+    if found:
         with _secrets_lock:
-            _secrets.add(password)
+            _secrets.update(found)
 
 
-def _password_of(url: str) -> str | None:
+def _passwords_of(url: str) -> set[str]:
+    """The password of `url` as libpq reads it, and as written in it (percent-encoded, or
+    when libpq cannot parse `url` at all)."""
     from psycopg import Error
     from psycopg.conninfo import conninfo_to_dict
 
+    found: set[str] = set()
     try:
         value = conninfo_to_dict(url).get("password")
     except Error:
-        return None
-    return str(value) if value else None
+        value = None
+    if value:
+        found.add(str(value))
+    _, slashes, rest = url.partition("//")
+    userinfo, at, _ = rest.rpartition("@")
+    if slashes and at and ":" in userinfo:
+        found.add(userinfo.split(":", 1)[1])
+    for match in _KEYWORD_PASSWORD.finditer(url):
+        found.add(match.group(2).strip("'"))
+    return {p for p in found if p}
+
+
+def _option_names() -> frozenset[str]:
+    """libpq's connection option names: a complaint quoting one quotes no secret."""
+    try:
+        from psycopg import pq
+
+        return frozenset(o.keyword.decode() for o in pq.Conninfo.get_defaults())
+    except Exception:  # no libpq to ask: the options every version has
+        return frozenset({"host", "hostaddr", "port", "dbname", "user", "password",
+                          "connect_timeout", "sslmode", "application_name", "options"})  # fmt: skip
+
+
+_OPTIONS: frozenset[str] | None = None
+
+
+def _is_option(name: str) -> bool:
+    global _OPTIONS
+    if _OPTIONS is None:
+        _OPTIONS = _option_names()
+    return name in _OPTIONS
 
 
 def redact(text: str, url: str | None = None) -> str:
-    """`text` with any password in it masked: in URL or keyword form, a remembered one (or
-    `url`'s own), and whatever a libpq complaint about a conninfo string quotes."""
+    """`text` with any password in it masked, and nothing else: in URL or keyword form, a
+    remembered one (or `url`'s own), and what a libpq complaint about a conninfo string quotes
+    that may be one. The rest of a complaint stays, since it says what to fix (`missing "="
+    after "postgresql//oops"`, `invalid integer value "abc" for connection option "port"`)."""
     text = _URL_PASSWORD.sub(r"\1***@", text)
+    text = _LOOSE_URL_PASSWORD.sub(r"\1***@", text)
     text = _KEYWORD_PASSWORD.sub(r"\1***", text)
-    if _CONNINFO_COMPLAINT.search(text):
-        text = _QUOTED.sub('"***"', text)
     secrets = set(_secrets)
     if url:
-        password = _password_of(url)
-        if password and len(password) >= 4:
-            secrets.add(password)
+        secrets |= _passwords_of(url)
+    if _CONNINFO_COMPLAINT.search(text):
+        text = _mask_quoted(text, secrets, known_url=bool(url))
     for secret in sorted(secrets, key=len, reverse=True):
-        text = text.replace(secret, "***")
+        if len(secret) >= _MIN_ANYWHERE:
+            text = text.replace(secret, "***")
     return text
+
+
+def _mask_quoted(text: str, secrets: set[str], *, known_url: bool) -> str:
+    """A libpq complaint with each quoted piece that may be a password masked. With the URL
+    known its passwords are known, so only they are; without it, a piece is shown only when it
+    cannot be one: punctuation, an option's name, something URL-like (its user-info already
+    masked), or the value of a named option that is not a secret."""
+    values = {m.start(1): m.group(2) for m in _OPTION_VALUE.finditer(text)}
+
+    def piece(match: re.Match[str]) -> str:
+        quoted = match.group(1)
+        if any(secret == quoted or (len(secret) >= _MIN_ANYWHERE and secret in quoted)
+               for secret in secrets):  # fmt: skip
+            return '"***"'
+        if known_url or not quoted.strip() or not any(c.isalnum() for c in quoted):
+            return match.group(0)
+        option = values.get(match.start(1))
+        if _is_option(quoted) or "/" in quoted or (option and option not in _SECRET_OPTIONS):
+            return match.group(0)
+        return '"***"'
+
+    return _QUOTED.sub(piece, text)
 
 
 #: Longest message, and exception text, of one log record, in characters: a last bound behind

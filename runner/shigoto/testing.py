@@ -128,9 +128,7 @@ def drain_queue(
     """Synchronous `adrain_queue`, with the same arguments (a misspelt one fails at the call,
     not inside the drain); safe to call from code that already runs an event loop."""
     options = {"with_scheduled": with_scheduled, "database_url": database_url, "schema": schema}
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
+    if not _loop_running():
         return asyncio.run(adrain_queue(queue, **options))
     result: dict[str, dict[str, int]] = {}
 
@@ -488,10 +486,19 @@ def _spec(worker: Any, args: Mapping[str, Any] | None, options: dict[str, Any]) 
 # -- running one job in-process -------------------------------------------------------------
 
 
-def _run_sync(job: Job, raise_errors: bool, recorder: Recorder) -> Job:
+def _loop_running() -> bool:
+    """Whether this thread runs an event loop. Asked outside any `except` block: running the
+    job inside the handler of get_running_loop's RuntimeError chained that unrelated
+    "no running event loop" onto every failure the job raised (issue 25)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
+        return False
+    return True
+
+
+def _run_sync(job: Job, raise_errors: bool, recorder: Recorder) -> Job:
+    if not _loop_running():
         return asyncio.run(_run(job, raise_errors, recorder))
     result: dict[str, Any] = {}
 

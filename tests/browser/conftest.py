@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.browser.dashboard_process import DashboardProcess, started_dashboards
+from tests.support.system_tools import missing
 
 try:  # the test extra brings it; say so instead of failing at collection with a bare ImportError
     from playwright.sync_api import Browser, Page, expect, sync_playwright
@@ -43,7 +44,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def chromium_path() -> str:
     path = shutil.which("chromium")
     if path is None:
-        pytest.fail(
+        missing(
             "the browser tests need Debian's chromium on PATH: run `apt-get install chromium` "
             "(make test installs it when missing); Playwright's own browser download is not used"
         )

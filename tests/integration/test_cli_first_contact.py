@@ -103,7 +103,11 @@ def test_oversized_args_are_a_validation_error_naming_the_limit(db_url: str) -> 
 
 
 def test_pause_and_resume_from_the_cli_show_in_status(db_url: str) -> None:
-    assert ok(shigoto_cli(db_url, "pause", "emails")) == {"queue": "emails", "paused": True}
+    # A queue nothing names yet is refused (a typo would store a phantom setting) ...
+    assert "--create" in refused(shigoto_process(db_url, "pause", "emails"))
+    # ... unless asked for: a queue paused before its first job.
+    assert ok(shigoto_cli(db_url, "pause", "emails", "--create")) == {
+        "queue": "emails", "paused": True}  # fmt: skip
     shigoto.set_queue("billing", global_concurrency=3)
     queues = ok(shigoto_cli(db_url, "status", "--json"))["queues"]
     assert queues["emails"]["paused"] is True

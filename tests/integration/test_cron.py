@@ -512,8 +512,8 @@ def test_shigoto_run_with_a_bad_cron_file_exits_2_naming_the_entry(
 
 
 def test_status_lists_schedules_with_their_next_slot(db_url: str) -> None:
-    shigoto.cron.schedule("st-hourly", "@hourly", "tests.support.workers.noop", database_url=db_url)
-    shigoto.cron.schedule("st-off", "0 3 * * *", "tests.support.workers.noop", enabled=False,
+    shigoto.cron.schedule("st-hourly", "@hourly", "tests.support.workers.echo", database_url=db_url)
+    shigoto.cron.schedule("st-off", "0 3 * * *", "tests.support.workers.echo", enabled=False,
                           database_url=db_url)  # fmt: skip
     entries = {e["name"]: e for e in shigoto.status(database_url=db_url).as_dict()["cron"]}
     assert entries["st-hourly"]["schedule"] == "@hourly"

@@ -211,7 +211,9 @@ def test_every_filter_alone_and_together(conn: psycopg.Connection) -> None:
     assert _all() == everyone
     assert _all(queue="mail") == {a.id, b.id, d.id}
     assert _all(worker="app.report") == {c.id, d.id}
-    assert _all(worker="send") == set()  # the full name only
+    # The full name or its last dotted part, as retry_by and cancel_by (issue 25).
+    assert _all(worker="send") == {a.id, b.id}
+    assert _all(worker="mail.send") == set()
     assert _all(state="available") == {a.id}
     assert _all(state=["discarded", "completed"]) == {b.id, c.id}
     assert _all(state="scheduled") == {d.id}
@@ -336,7 +338,7 @@ async def test_wait_for_opens_the_sealed_result_of_an_encrypted_job(
     job = await shigoto.aenqueue(encryption_workers.echo, {"card": encryption_workers.SECRET})
     async with running(db_url, imports=["tests.support.encryption_workers"]):
         assert await shigoto.await_for(job.id, timeout=30) == {"card": encryption_workers.SECRET}
-    stored = shigoto.get_job(job.id)
+    stored = shigoto.get_job(job.id, keep_sealed=True)
     assert stored is not None and is_envelope(stored.result)  # stored sealed, as it was
     sealing.use_keys(None)  # a process without the key is told so, naming no value
     with pytest.raises(DecryptionError):

@@ -47,6 +47,7 @@ from shigoto_operator.metrics import QUEUE, MetricsServer, OperatorMetrics
 from tests.support.http_probe import http_get
 from tests.support.monitoring_rules import dashboard_expressions, metric_names, rule_groups, rules
 from tests.support.runner_process import RunnerProcess
+from tests.support.system_tools import missing
 from tests.support.waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -75,7 +76,7 @@ RUNNING, STOPPED, NO_OPERATOR = range(0, 20), range(20, 34), range(34, 52)
 def promtool() -> str:
     path = shutil.which("promtool")
     if path is None:
-        pytest.fail(
+        missing(
             "promtool is not installed: it comes with Debian's prometheus package "
             "(`apt-get install -y prometheus`)"
         )

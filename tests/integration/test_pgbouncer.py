@@ -28,7 +28,8 @@ from shigoto.runtime import connection_budget
 from tests.support import attempts, pgbouncer
 from tests.support.connection_workers import read_runs
 from tests.support.runner_process import RunnerProcess
-from tests.support.waiting import wait_until
+from tests.support.system_tools import missing
+from tests.support.waiting import pid_of_node, wait_until
 
 WORKERS = "tests.support.connection_workers"
 QUEUES = "budget-sync=4,budget-async=4"
@@ -37,7 +38,7 @@ QUEUES = "budget-sync=4,budget-async=4"
 @pytest.fixture(scope="module")
 def bouncer(server_url: str) -> Iterator[pgbouncer.PgBouncer]:
     if pgbouncer.binary() is None:
-        pytest.fail(pgbouncer.MISSING)
+        missing(pgbouncer.MISSING)
     started = pgbouncer.PgBouncer(server_url).start()
     yield started
     started.stop()
@@ -316,7 +317,7 @@ def test_cron_leadership_through_pgbouncer_enqueues_each_slot_once_and_hands_ove
     wait_until(lambda: len(slot_jobs(conn)) >= 10 and states(conn)["completed"] >= 10,
                timeout=30, message="the missed slots were enqueued and ran")  # fmt: skip
     leader = wait_until(lambda: leader_of(conn), message="one runner leads")
-    follower = next(r for r in runners if r.proc.pid != int(leader.split(":")[-2]))
+    follower = next(r for r in runners if r.proc.pid != pid_of_node(leader))
     led = next(r for r in runners if r is not follower)
     stop([led])
     wait_until(lambda: (now := leader_of(conn)) and now != leader, timeout=15,
@@ -335,6 +336,6 @@ def slot_jobs(conn: psycopg.Connection) -> list[tuple[str, int]]:
 
 def leader_of(conn: psycopg.Connection) -> str:
     row = conn.execute(
-        "SELECT leader_id FROM shigoto_leaders WHERE name = 'leader' AND expires_at > now()"
+        "SELECT leader_id FROM shigoto_leaders WHERE name = 'cron' AND expires_at > now()"
     ).fetchone()
     return str(row[0]) if row else ""

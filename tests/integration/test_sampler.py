@@ -25,7 +25,7 @@ from shigoto.db import runtime_statements as statements
 from shigoto.runtime.pruner import STATS_RETENTION, Pruner
 from shigoto.runtime.sampler import Sampler
 from tests.support.runner_process import RunnerProcess
-from tests.support.waiting import wait_until
+from tests.support.waiting import pid_of_node, wait_until
 
 NOON = datetime(2031, 1, 1, 12, 0, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)
@@ -154,9 +154,10 @@ async def test_only_the_leader_samples(
                               queue="default=1", env=debug) for _ in range(2)]  # fmt: skip
 
     def leader_pid() -> int | None:
-        """The leading process's pid (the elector's id is host:pid:random)."""
-        found = conn.execute("SELECT leader_id FROM shigoto_leaders").fetchone()
-        return int(found[0].split(":")[-2]) if found else None
+        """The leading process's pid (the elector names it by its node id)."""
+        found = conn.execute(
+            "SELECT leader_id FROM shigoto_leaders WHERE name = 'leader'").fetchone()  # fmt: skip
+        return pid_of_node(found[0]) if found else None
 
     def samples(proc: RunnerProcess) -> int:
         return len(re.findall(r"node \S+ sampled \d+ minute", proc.output()))

@@ -84,3 +84,9 @@ def count(conn: psycopg.Connection[Any], where: str = "true", *params: Any) -> i
     found = conn.execute(f"SELECT count(*) FROM shigoto_jobs WHERE {where}", params).fetchone()
     assert found is not None
     return int(found[0])
+
+
+def pid_of_node(node_id: str) -> int:
+    """The pid in a runner's node id (`<host>-<pid>-<hex>`, shigoto.runtime.node), which
+    is also its id in shigoto_leaders."""
+    return int(node_id.rsplit("-", 2)[1])

@@ -369,6 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=f"{verb} jobs of a queue (every runner, within seconds)")
         _common(p)
         p.add_argument("queue_name", metavar="QUEUE")
+        p.add_argument("--create", action="store_true", help=(
+            "a queue nothing names yet (before its first job); without it a name no job, "
+            "setting, runner or cron entry knows is refused"))  # fmt: skip
 
     p = sub.add_parser("prune", help="archive old finished jobs and delete old archived ones now")
     _common(p)
@@ -489,12 +492,19 @@ def _roles(args: argparse.Namespace) -> int:
 
 def _runner(args: argparse.Namespace) -> Any:
     from shigoto.cron.definitions import load_file
-    from shigoto.runtime.runner import Runner
+    from shigoto.cron.storage import check_worker
+    from shigoto.runtime.runner import Runner, check_startup
 
     queues = (config.parse_queues(",".join(args.queues)) if args.queues
               else config.queues_from_env())  # fmt: skip
     imports = args.imports if args.imports else config.imports_from_env()
+    # Before the database is touched (no embedded start, no connection, no migration): a bad
+    # --import or a runner that could run nothing stops with one line (issue 25).
+    origin = "--import" if args.imports else config.ENV_IMPORT
+    check_startup(imports, queues, config.worker_prefixes(args.worker_prefixes), origin)
     schedules = load_file(args.cron) if args.cron else []
+    for i, entry in enumerate(schedules):
+        check_worker(entry.worker, field=f"--cron[{i}].worker ({args.cron}, {entry.name!r})")
     limits_text = ",".join(args.global_concurrency or []) or os.environ.get(
         "SHIGOTO_GLOBAL_CONCURRENCY"
     )
@@ -692,11 +702,11 @@ def _confirm_rerun(
 
 def _pause(paused: bool) -> Callable[[argparse.Namespace], int]:
     def command(args: argparse.Namespace) -> int:
-        from shigoto.client.queue_settings import pause_queue, resume_queue
+        from shigoto.ops.queues import set_paused
 
-        change = pause_queue if paused else resume_queue
         with _flags_in_errors():
-            change(args.queue_name, database_url=_database_url(args), schema=args.schema)
+            set_paused(args.queue_name, paused, create=args.create,
+                       database_url=_database_url(args), schema=args.schema)  # fmt: skip
         print(json.dumps({"queue": args.queue_name, "paused": paused}))
         return 0
 

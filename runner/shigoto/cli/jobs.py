@@ -73,7 +73,7 @@ def add_parsers(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> 
 
 def _filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue")
-    p.add_argument("--worker", help="the worker's full name")
+    p.add_argument("--worker", help="the worker's full name, or its last dotted part")
     p.add_argument("--state", action="append", dest="states",
                    help="a state, repeatable or comma-separated")  # fmt: skip
     p.add_argument("--tag")
@@ -284,7 +284,7 @@ def run_list(args: argparse.Namespace, url: str) -> int:
 
 def run_show(args: argparse.Namespace, url: str) -> int:
     with _flags_in_errors():
-        job = jobs.get_job(args.job_id, **_where(args, url))
+        job = jobs.get_job(args.job_id, keep_sealed=True, **_where(args, url))
     if job is None:
         raise jobs.JobNotFound(args.job_id)
     relatives = jobs.relatives(job, **_where(args, url))

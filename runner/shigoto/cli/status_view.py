@@ -60,11 +60,12 @@ def _last_hour(done: dict[str, int] | None) -> str:
 
 def nodes_table(st: Status) -> Table:
     table = Table(title="nodes")
-    for name in ("node", "queues", "started", "last seen"):
+    for name in ("node", "queues", "leads", "started", "last seen"):
         table.add_column(name)
     for node in st.nodes:
         queues = ", ".join(f"{q}={c}" for q, c in node["queues"].items())
-        table.add_row(_cell(node["id"]), _cell(queues), _cell(node["started_at"]),
+        leads = ", ".join(node.get("leads") or []) or "-"
+        table.add_row(_cell(node["id"]), _cell(queues), _cell(leads), _cell(node["started_at"]),
                       f"{node['silent_for']:.0f}s ago")  # fmt: skip
     return table
 
@@ -74,9 +75,12 @@ def cron_table(st: Status) -> Table:
     for name in ("name", "schedule", "worker", "queue", "enabled", "last slot", "next slot"):
         table.add_column(name)
     for entry in st.cron:
+        # Enabled, but no runner with --cron (nor the operator) is live to fire it.
+        enabled = ("NOT FIRING: no --cron runner" if entry.get("unscheduled")
+                   else "yes" if entry["enabled"] else "no")  # fmt: skip
         table.add_row(
             _cell(entry["name"]), _cell(f"{entry['schedule']} ({entry['timezone']})"),
-            _cell(entry["worker"]), _cell(entry["queue"]), "yes" if entry["enabled"] else "no",
+            _cell(entry["worker"]), _cell(entry["queue"]), enabled,
             _cell(entry["last_slot_at"] or "-"), _cell(entry["next_slot_at"] or "-"),
         )  # fmt: skip
     return table

@@ -38,13 +38,47 @@ def valid_job_id(value: Any, name: str = "job_id") -> int:
     return value
 
 
-def _states(value: str | Iterable[str] | None) -> list[str]:
-    given = [value] if isinstance(value, str) else list(value or [])
-    bad = [s for s in given if s not in set(JobState)]
+#: The one word for "its last attempt failed", wherever a state is asked for (list_jobs, `jobs
+#: list`, retry_by / cancel_by, `shigoto retry|cancel`, the dashboard's filter and Failures
+#: page): discarded jobs (given up on) and retryable ones (waiting for another attempt). An
+#: alias, not a state: no row is ever `failed`. Cancelled jobs are not in it: nothing failed,
+#: someone stopped them.
+FAILED = "failed"
+FAILED_STATES = (JobState.DISCARDED, JobState.RETRYABLE)
+
+
+def expand_states(given: Iterable[str]) -> list[str]:
+    """`given` with the alias "failed" replaced by its states; ValidationError naming the
+    values that are neither a state nor the alias (the message lists what is accepted)."""
+    names = list(given)
+    bad = [s for s in names if s != FAILED and s not in set(JobState)]
     if bad:
         raise ValidationError("state", f"{', '.join(map(repr, bad))} is not a job state; "
-                              f"use one or several of {', '.join(JobState)}")  # fmt: skip
-    return sorted(set(given))
+                              f"use one or several of {', '.join(JobState)}, or {FAILED!r} "
+                              f"({' and '.join(FAILED_STATES)})")  # fmt: skip
+    out: list[str] = []
+    for name in names:
+        out.extend([str(s) for s in FAILED_STATES] if name == FAILED else [name])
+    return out
+
+
+def _states(value: str | Iterable[str] | None) -> list[str]:
+    given = [value] if isinstance(value, str) else list(value or [])
+    return sorted(set(expand_states(given)))
+
+
+def worker_condition(name: str) -> tuple[str, dict[str, Any]]:
+    """The one rule every worker filter follows (list_jobs, `jobs list`, retry_by, cancel_by,
+    the CLI and the dashboard): `name` is the worker's full dotted name, or its short name, the
+    last dotted part (`send_email` finds `myapp.mail.send_email`). A name with a dot is a full
+    name only, so it is an equality the listing index (worker, id) serves; a short name is
+    also a suffix match, which no index serves (its pages search by id, like an args filter).
+    The suffix is a LIKE pattern with its wildcards escaped: `_` is common in worker names."""
+    if "." in name:
+        return "worker = %(worker)s", {"worker": name}
+    escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return ("(worker = %(worker)s OR worker LIKE %(worker_suffix)s)",
+            {"worker": name, "worker_suffix": "%." + escaped})  # fmt: skip
 
 
 def _text(name: str, value: Any) -> str | None:
@@ -161,10 +195,10 @@ class JobFilter:
         """The WHERE text and its parameters; `below` keeps only ids under a cursor's, `above`
         only ids over a bound (the last one a delete batch removed, or one below the floor of
         a bounded page's search)."""
+        worker, worker_params = worker_condition(self.worker) if self.worker else ("", {})
         checks = [
             ("queue = %(queue)s", "queue", self.queue),
-            # Exact names only: an equality the listing index (worker, id) can serve.
-            ("worker = %(worker)s", "worker", self.worker),
+            (worker, "worker", self.worker),
             ("state = ANY(%(states)s)", "states", self.states or None),
             # The second half is the tags index's predicate (migration 0022).
             ("tags @> ARRAY[%(tag)s]::text[] AND cardinality(tags) > 0", "tag", self.tag),
@@ -176,6 +210,7 @@ class JobFilter:
         ]  # fmt: skip
         parts = [sql.SQL(text) for text, _, value in checks if value is not None]
         params = {name: value for _, name, value in checks if value is not None}
+        params.update(worker_params)
         return sql.SQL(" AND ").join(parts) if parts else sql.SQL("true"), params
 
 

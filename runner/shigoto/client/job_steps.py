@@ -7,6 +7,8 @@ and run these; everything they read and decide is here.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import time
 from typing import Any
 
@@ -22,7 +24,7 @@ from shigoto.client.job_records import (
 )
 from shigoto.db import job_statements
 from shigoto.db.steps import Steps
-from shigoto.encryption import JobBinding, is_envelope
+from shigoto.encryption import DecryptionError, JobBinding, is_envelope
 from shigoto.encryption.sealing import process_ring, sealed_or_plain
 from shigoto.job import JOB_COLUMNS, Job, JobState
 
@@ -169,6 +171,25 @@ def _opened(job: JobRecord, schema: str) -> Any:
         return job.result
     binding = JobBinding(schema=schema, queue=job.queue, worker=job.worker, job_id=job.id)
     return sealed_or_plain(job.result, binding, job.meta, "result").open(process_ring())
+
+
+def opened_record(job: JobRecord, schema: str) -> JobRecord:
+    """`job` with its sealed args and result opened with this process's keys, each value that
+    does not open left sealed. Error entries keep their sealed detail: an error message may be
+    logged or shown wherever the record goes, and `errors` describe past attempts only."""
+    if not (is_envelope(job.args) or is_envelope(job.result)):
+        return job
+    ring = process_ring()
+    if ring is None:
+        return job
+    binding = JobBinding(schema=schema, queue=job.queue, worker=job.worker, job_id=job.id)
+    opened: dict[str, Any] = {}
+    for field in ("args", "result"):
+        value = getattr(job, field)
+        if is_envelope(value):
+            with contextlib.suppress(DecryptionError):
+                opened[field] = sealed_or_plain(value, binding, job.meta, field).open(ring)
+    return dataclasses.replace(job, **opened) if opened else job
 
 
 class Deadline:

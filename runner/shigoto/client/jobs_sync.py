@@ -37,6 +37,7 @@ from shigoto.client.job_steps import (
     delete_steps,
     get_steps,
     list_steps,
+    opened_record,
     outcome,
     poll_steps,
     relatives_steps,
@@ -65,11 +66,20 @@ def get_job(
     conn: psycopg.Connection[Any] | None = None,
     database_url: str | None = None,
     schema: str | None = None,
+    keep_sealed: bool = False,
 ) -> JobRecord | None:
-    """The job `job_id` as stored now (live or archived: see `.archived`), or None."""
-    work = get_steps(valid_job_id(job_id), config.schema(schema))
+    """The job `job_id` as stored now (live or archived: see `.archived`), or None.
+
+    An encrypted job's sealed args and result are opened with this process's keys
+    (SHIGOTO_ENCRYPTION_KEYS), as the runner and `wait_for` open them; a value this process
+    cannot open (no keys, or not the key it was sealed with) stays sealed, an envelope, so
+    looking at a job never fails for it. `keep_sealed=True` returns the row as stored: for
+    viewers that must never show plaintext (the dashboard, `shigoto jobs show`)."""
+    name = config.schema(schema)
+    work = get_steps(valid_job_id(job_id), name)
     with _borrow(conn, database_url) as c:
-        return steps.run(c, work)
+        found = steps.run(c, work)
+    return found if found is None or keep_sealed else opened_record(found, name)
 
 
 def list_jobs(

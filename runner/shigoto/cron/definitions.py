@@ -7,8 +7,10 @@ its field before any connection is borrowed.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -78,6 +80,27 @@ def build_schedule(
     )  # fmt: skip
 
 
+#: The keyword options of `build_schedule`, and the keys a `--cron` file entry may have.
+OPTIONS = frozenset(
+    name for name, p in inspect.signature(build_schedule).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY
+)  # fmt: skip
+FILE_KEYS = OPTIONS | {"name", "schedule", "expression", "worker", "args"}
+
+
+def unknown_option(given: Mapping[str, Any], known: Iterable[str]) -> str | None:
+    """Why `given` has a key that is not in `known` (with the closest known one: a typo such
+    as `schedul` is the usual cause), or None. Checked before calling `build_schedule`, whose
+    TypeError would name a function the user never called."""
+    allowed = sorted(known)
+    for key in given:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(allowed)}"
+            return f"unknown key {key!r} ({hint})"
+    return None
+
+
 def load_file(path: str) -> list[Schedule]:
     """Read `shigoto run --cron FILE`: a JSON list of objects with `schedule`'s arguments."""
     try:
@@ -94,6 +117,10 @@ def load_file(path: str) -> list[Schedule]:
         entry = dict(entry)
         if "timeZone" in entry:  # the CronSchedule resource's spelling
             entry.setdefault("timezone", entry.pop("timeZone"))
+        unknown = unknown_option(entry, FILE_KEYS)
+        if unknown:
+            raise ValidationError(f"--cron[{i}]", f"{path}, entry {i} ({entry.get('name')!r}): "
+                                  f"{unknown}")  # fmt: skip
         try:
             out.append(build_schedule(
                 entry.pop("name", ""), entry.pop("schedule", entry.pop("expression", "")),

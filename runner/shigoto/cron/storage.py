@@ -9,19 +9,25 @@ nothing blocks a thread.
 
 from __future__ import annotations
 
+import difflib
+import importlib
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
-from shigoto import config
+from shigoto import config, registry
 from shigoto.cron import expression as cron_expression
-from shigoto.cron.definitions import Schedule, build_schedule
+from shigoto.cron.definitions import OPTIONS, Schedule, build_schedule, unknown_option
 from shigoto.db import database, steps
 from shigoto.db.cron_statements import cron_statements
 from shigoto.db.steps import Steps
+from shigoto.errors import ValidationError
+
+log = logging.getLogger("shigoto.cron")
 
 
 def _upsert_params(s: Schedule, now: datetime) -> dict[str, Any]:
@@ -68,13 +74,54 @@ def schedule(
     conn: psycopg.Connection[Any] | None = None,
     **options: Any,
 ) -> dict[str, Any]:
-    """Create or update the cron entry `name`; returns its stored row."""
+    """Create or update the cron entry `name`; returns its stored row.
+
+    The worker is checked against this process (`check_worker`): a name its own module does
+    not define is refused, a name from a module this process cannot import is warned about."""
+    unknown = unknown_option(options, OPTIONS)
+    if unknown:
+        raise ValidationError("options", f"cron entry {name!r}: {unknown}")
     s = build_schedule(name, expression, worker, args, **options)
+    check_worker(s.worker)
     work = _upsert_steps([s], config.schema(schema))
     if conn is not None:
         return steps.run(conn, work)[0]
     with database.sync_pool(config.database_url(database_url)).connection() as c:
         return steps.run(c, work)[0]
+
+
+def check_worker(name: str, field: str = "worker") -> None:
+    """Refuse a schedule for a worker whose module this process imports but which it does not
+    define (a misspelled name: every slot would enqueue a job no runner can run); warn when the
+    module cannot be imported here (a scheduler apart from the workers' code is normal, so
+    this is not refused). Registered names pass at once."""
+    if registry.contains(name):
+        return
+    module_name, _, attr = name.rpartition(".")
+    problem = _import_problem(module_name) if module_name else "no module in the name"
+    if registry.contains(name):  # importing the module registered it
+        return
+    if problem is not None:
+        log.warning(
+            "cron: worker %s is not registered in this process (%s); schedule kept: its jobs "
+            "run only on runners that import the module defining it (--import)", name, problem,
+        )  # fmt: skip
+        return
+    defined = sorted(n.rpartition(".")[2] for n in registry.names()
+                     if n.rpartition(".")[0] == module_name)  # fmt: skip
+    close = difflib.get_close_matches(attr, defined, n=1)
+    hint = (f"did you mean {module_name}.{close[0]}?" if close
+            else f"it defines {', '.join(defined) or 'no workers'}")  # fmt: skip
+    raise ValidationError(field, f"module {module_name} defines no worker {attr!r} ({hint})")
+
+
+def _import_problem(module_name: str) -> str | None:
+    """Import `module_name`; why it cannot be imported here, or None once it is."""
+    try:
+        importlib.import_module(module_name)
+    except Exception as exc:  # the module's own failure: a warning, not the caller's error
+        return f"importing {module_name}: {type(exc).__name__}: {exc}"
+    return None
 
 
 def store(

@@ -62,7 +62,7 @@ def _wrong_state(job_id: int, action: str, state: str, archived: bool = False) -
 
 
 def _current(conn: psycopg.Connection[Any], source: Source, job_id: int) -> JobRecord:
-    job = get_job(job_id, conn=conn, schema=source.schema)
+    job = get_job(job_id, conn=conn, schema=source.schema, keep_sealed=True)
     if job is None:
         raise ActionRefused(404, f"job {job_id}: not found (never enqueued here, or deleted)")
     return job
@@ -97,7 +97,7 @@ def job_action(
 def _delete(conn: psycopg.Connection[Any], schema: str, job: JobRecord) -> None:
     statement = ds.DELETE_ARCHIVED if job.archived else ds.DELETE_JOB
     if conn.execute(ds.compose(statement, schema), {"id": job.id}).fetchone() is None:
-        again = get_job(job.id, conn=conn, schema=schema)
+        again = get_job(job.id, conn=conn, schema=schema, keep_sealed=True)
         if again is None:
             return  # deleted by someone else meanwhile: the outcome asked for
         raise _wrong_state(job.id, "delete", str(again.state), again.archived)

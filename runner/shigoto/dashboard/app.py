@@ -317,7 +317,7 @@ class Dashboard:
         job_id = _job_id(raw_id)
         viewer = self.auth.viewer(request.headers)
         with self._conn(source) as conn:
-            job = job_api.get_job(job_id, conn=conn, schema=source.schema)
+            job = job_api.get_job(job_id, conn=conn, schema=source.schema, keep_sealed=True)
             if job is None:
                 raise HTTPError(404, f"job {job_id}: not found (never enqueued here, or deleted)")
             family = job_api.relatives(job, conn=conn, schema=source.schema)
@@ -392,7 +392,7 @@ class Dashboard:
 
     def _job_before(self, source: Source, job_id: int) -> JobRecord | None:
         with self._conn(source) as conn:
-            return job_api.get_job(job_id, conn=conn, schema=source.schema)
+            return job_api.get_job(job_id, conn=conn, schema=source.schema, keep_sealed=True)
 
 
 def _known(rows: Mapping[int, JobRecord], family: list[dict[str, Any]]) -> list[JobRecord]:

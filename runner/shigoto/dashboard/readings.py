@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 
 from shigoto.client.jobs import JobRecord
+from shigoto.cron import coverage
 from shigoto.db import dashboard_statements as ds
 from shigoto.job import FINISHED_STATES, JOB_COLUMNS, JobState
 
@@ -108,9 +109,17 @@ def node_count(conn: psycopg.Connection[Any], schema: str) -> int:
 
 
 def nodes(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
+    """Live nodes; `leader`: whether the node holds any live lease, `leads`: which ones
+    (`leader` for rescue, pruning and the stager's peers, `cron` for a runner with --cron).
+    Leases carry the node id of the heartbeat row (`shigoto.runtime.elector`), so the two
+    join on it."""
     names = ("id", "hostname", "pid", "queues", "started_at", "last_seen_at", "leader",
              "executing")  # fmt: skip
-    return [dict(zip(names, row, strict=True)) for row in _rows(conn, ds.NODES, schema)]
+    leads = dict(_rows(conn, coverage.LEASES_BY_NODE, schema))
+    return [
+        {**dict(zip(names, row, strict=True)), "leads": list(leads.get(row[0]) or [])}
+        for row in _rows(conn, ds.NODES, schema)
+    ]
 
 
 def queue_settings(conn: psycopg.Connection[Any], schema: str) -> dict[str, dict[str, Any]]:
@@ -160,10 +169,12 @@ def runners_by_queue(node_rows: Iterable[dict[str, Any]]) -> dict[str, int]:
 
 def cron(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
     """Each schedule, with its next slot (computed here, on the database's clock) and the
-    state of the last job it enqueued."""
+    state of the last job it enqueued; `unscheduled`: enabled, but no live process holds a
+    cron lease, so its slots are not being enqueued (`shigoto.cron.coverage`)."""
     from shigoto.cron import expression
     from shigoto.errors import ValidationError
 
+    unscheduled = set(coverage.coverage(conn, schema).unscheduled)
     schedules = []
     for row in _rows(conn, ds.CRON, schema):
         name, expr, worker, queue, tz, enabled, last_slot, last_id, last_state, at = row
@@ -176,6 +187,7 @@ def cron(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
             "timezone": tz, "paused": not enabled, "next_at": upcoming,
             "last_slot_at": last_slot,
             "last_job": {"id": last_id, "state": last_state} if last_id is not None else None,
+            "unscheduled": name in unscheduled,
         })  # fmt: skip
     return schedules
 

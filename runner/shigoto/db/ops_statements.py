@@ -454,3 +454,15 @@ LEFT JOIN live l ON l.queue = q.queue
 LEFT JOIN finished f ON f.queue = q.queue
 LEFT JOIN {{queues}} s ON s.name = q.queue
 """
+
+
+# Whether anything knows the queue `%(queue)s`: a job (live or archived), a settings row, a
+# runner serving it (stale nodes count: a runner that was there) or a cron schedule feeding it.
+# Pausing a name none of these know stores a setting nothing reads (a typo) (issue 25).
+QUEUE_KNOWN = """
+SELECT EXISTS (SELECT 1 FROM {jobs} WHERE queue = %(queue)s)
+    OR EXISTS (SELECT 1 FROM {archive} WHERE queue = %(queue)s)
+    OR EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s)
+    OR EXISTS (SELECT 1 FROM {nodes} WHERE queues ? %(queue)s)
+    OR EXISTS (SELECT 1 FROM {cron} WHERE queue = %(queue)s)
+"""

@@ -46,6 +46,7 @@ from prometheus_client import (
 from psycopg_pool import AsyncConnectionPool
 
 from shigoto import telemetry
+from shigoto.cron import coverage as cron_coverage
 from shigoto.db import ops_statements
 from shigoto.db import runtime_statements as statements
 from shigoto.errors import Discard
@@ -185,6 +186,14 @@ class RunnerMetrics:
             "than its threshold (an async worker calling blocking code), by length.",
             buckets=LOOP_BUCKETS, registry=self.registry,
         )  # fmt: skip
+        self.cron_unscheduled = Gauge(
+            "shigoto_cron_unscheduled", "Enabled cron schedules that no live process fires (no "
+            "runner with --cron, no operator, holds a cron lease), as this runner's watch last "
+            "saw them: their slots are not being enqueued.", registry=self.registry,
+        )  # fmt: skip
+        # Read at scrape time from the runner's cron watch (shigoto.cron.coverage): an alert
+        # on `max(shigoto_cron_unscheduled) > 0` needs no runner with --cron to be up.
+        self.cron_unscheduled.set_function(lambda: cron_coverage.unscheduled_seen(self.node))
         self._claim_metrics()
         self._client_metrics()
         if process_metrics:

@@ -21,6 +21,8 @@ import psycopg
 from psycopg import sql
 
 from shigoto import config, telemetry
+from shigoto.client.job_filters import expand_states, worker_condition
+from shigoto.cron import coverage as cron_coverage
 from shigoto.db import database, migrate, ops_statements, steps
 from shigoto.db import runtime_statements as statements
 from shigoto.db.steps import Steps
@@ -44,11 +46,19 @@ RETRY_DEFAULT_FROM = frozenset({JobState.DISCARDED, JobState.CANCELLED})
 
 @dataclass(frozen=True, slots=True)
 class Filter:
+    """Conditions combined with AND. `worker` follows `job_filters.worker_condition` (the full
+    name or the last dotted part, as everywhere); `state` is one state or the alias "failed"
+    (`job_filters.FAILED`), as given, and `states` the states it stands for."""
+
     ids: list[int] = field(default_factory=list)
     queue: str | None = None
     worker: str | None = None
     tag: str | None = None
-    state: JobState | None = None
+    state: str | None = None
+
+    @property
+    def states(self) -> frozenset[JobState]:
+        return frozenset(JobState(s) for s in expand_states([self.state] if self.state else []))
 
     def is_empty(self) -> bool:
         return not (self.ids or self.queue or self.worker or self.tag or self.state)
@@ -63,19 +73,16 @@ class Filter:
             parts.append(sql.SQL("queue = %(queue)s"))
             params["queue"] = self.queue
         if self.worker:
-            # The full name, or its last part(s): `send_welcome` finds myapp.workers.send_welcome.
-            parts.append(sql.SQL(
-                "(worker = %(worker)s OR right(worker, %(worker_len)s) = '.' || %(worker)s)"
-            ))  # fmt: skip
-            params["worker"] = self.worker
-            params["worker_len"] = len(self.worker) + 1
+            condition, worker_params = worker_condition(self.worker)
+            parts.append(sql.SQL(condition))
+            params.update(worker_params)
         if self.tag:
             # The second half is the tags index's predicate (migration 0022).
             parts.append(sql.SQL("tags @> ARRAY[%(tag)s]::text[] AND cardinality(tags) > 0"))
             params["tag"] = self.tag
         if self.state:
-            parts.append(sql.SQL("state = %(state)s"))
-            params["state"] = str(self.state)
+            parts.append(sql.SQL("state = ANY(%(states)s)"))
+            params["states"] = sorted(str(s) for s in self.states)
         return sql.SQL(" AND ").join(parts), params
 
 
@@ -83,13 +90,9 @@ def _filter(
     ids: Iterable[int] | None, queue: str | None, worker: str | None, tag: str | None,
     state: str | None,
 ) -> Filter:  # fmt: skip
-    try:
-        parsed_state = JobState(state) if state else None
-    except ValueError:
-        raise ValidationError(
-            "state", f"{state!r} is not a job state; use one of {', '.join(JobState)}"
-        ) from None
-    f = Filter(ids=list(ids or []), queue=queue, worker=worker, tag=tag, state=parsed_state)
+    if state:
+        expand_states([state])  # a ValidationError naming the states and the alias accepted
+    f = Filter(ids=list(ids or []), queue=queue, worker=worker, tag=tag, state=state or None)
     if f.is_empty():
         raise ValidationError(
             "filter",
@@ -255,7 +258,7 @@ def _cancelled(ids: list[int], f: Filter, reason: str, schema: str, started: flo
     """Announce a committed `cancel_by`: the jobs an operator took away, executing or not
     (waiting ones are never seen by a runner, so this is the only trace they leave)."""
     given = {"ids": list(f.ids), "queue": f.queue, "worker": f.worker, "tag": f.tag,
-             "state": str(f.state) if f.state else None}  # fmt: skip
+             "state": f.state}  # fmt: skip
     telemetry.emit(
         "operator.cancel", {"count": len(ids), "duration": time.monotonic() - started},
         {"job_ids": ids, "reason": reason, "schema": schema,
@@ -304,8 +307,10 @@ def explain_no_match(
     acts_on = retry_from(f) if action == "retry" else CANCELLABLE_STATES
     if not found:
         if worker:
-            return (f"no job has worker {worker!r} (nor a name ending in '.{worker}') with these "
-                    "filters; `shigoto status` lists the queues")  # fmt: skip
+            also = "" if "." in worker else f" (nor a name ending in '.{worker}')"
+            return (f"no job has worker {worker!r}{also} with these filters (a worker is its "
+                    "full name or its last dotted part); `shigoto status` lists the "
+                    "queues")  # fmt: skip
         return "no job matches these filters"
     counts = ", ".join(f"{n} {s}" for s, n, _ in found)
     states = ", ".join(sorted(str(s) for s in acts_on))
@@ -323,7 +328,7 @@ def explain_no_match(
         if any(s == JobState.COMPLETED for s, _, _ in found):
             why.append("to re-run completed jobs, name their state: state='completed' "
                        "(CLI: --state completed)")  # fmt: skip
-    elif f.state not in acts_on:
+    elif not f.states & acts_on:
         why.append(f"retry acts only on {states} jobs")
     return "; ".join(why)
 
@@ -464,6 +469,8 @@ def _estimates_steps(schema: str, queues: list[str]) -> Steps[dict[str, dict[str
 def _status_steps(schema: str) -> Steps[Status]:
     stmts = statements.statements(schema)
     counted = yield from _counts_steps(schema)
+    # What each node leads: the leases carry the node id of its heartbeat row.
+    leads = dict((yield ops_statements.compose(cron_coverage.LEASES_BY_NODE, schema), None).rows)
     nodes = []
     for row in (yield stmts.nodes, None).rows:
         node_id, host, pid, queues, started, seen, silent = row
@@ -471,6 +478,7 @@ def _status_steps(schema: str) -> Steps[Status]:
             "id": node_id, "hostname": host, "pid": pid, "queues": queues,
             "started_at": started.isoformat(), "last_seen_at": seen.isoformat(),
             "silent_for": round(float(silent), 3),
+            "leader": node_id in leads, "leads": list(leads.get(node_id) or []),
         })  # fmt: skip
     # Queues at their defaults are left out of the settings.
     settings = {
@@ -491,6 +499,11 @@ def _status_steps(schema: str) -> Steps[Status]:
     ]  # fmt: skip
     cron = _cron_entries((yield ops_statements.compose(ops_statements.CRON_ENTRIES, schema),
                           None).rows)  # fmt: skip
+    # A schedule no live process fires (no cron lease held) is marked, as on the dashboard.
+    _enabled, schedulers = (yield ops_statements.compose(cron_coverage.COVERAGE, schema),
+                           cron_coverage.coverage_params()).one() or ([], [])  # fmt: skip
+    for entry in cron:
+        entry["unscheduled"] = bool(entry["enabled"] and not schedulers)
     flows = (yield ops_statements.compose(ops_statements.STATUS_WORKFLOWS, schema),
              {"limit": STATUS_WORKFLOWS}).dicts()  # fmt: skip
     waiting = (yield statements.compose(workflows.WAITING_COUNT, schema), None).one()

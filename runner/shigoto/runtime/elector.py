@@ -10,6 +10,13 @@ grants. And a node must never go on leading on a lease it cannot prove: it belie
 leader only until `ttl` after it last *sent* a successful renewal, so even when its session
 drops (and the lease then expires for the others) two nodes never both think they lead.
 Every wait on the database has a deadline, so a hung connection is a lost lease, not a hang.
+
+One elector may contest several leases on its one connection (`also`): a runner started with
+`--cron` contests the runners' `leader` lease and the `cron` lease, so only processes that
+schedule cron ever hold the cron lease (a runner without `--cron` that held it would fire
+nothing), without a second dedicated connection in its budget. Every lease is named after
+the process's node id (`shigoto.runtime.node`), the id its `shigoto_nodes` row and its logs
+carry, so a reader can tell which node leads what.
 """
 
 from __future__ import annotations
@@ -17,10 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
-import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import psycopg
@@ -28,6 +32,7 @@ import psycopg
 from shigoto._service import Service
 from shigoto.clock import SYSTEM, Clock, database_now
 from shigoto.db import runtime_statements as statements
+from shigoto.runtime.node import new_node_id
 
 log = logging.getLogger("shigoto.elector")
 
@@ -71,7 +76,13 @@ class Elector(Service):
         ttl: float | None = None,
         clock: Clock | Callable[[], float] = SYSTEM,
         connect_kwargs: Mapping[str, Any] | None = None,
+        node_id: str | None = None,
+        also: Iterable[str] = (),
     ) -> None:
+        """`name` is the lease `is_leader` reports; `also` names further leases contested on
+        the same connection and beat (`leads(name)`). `node_id`: the process's node id (a
+        runner passes its own, so its lease rows, node row and logs agree); default a fresh
+        one in the same form."""
         super().__init__(
             interval, clock=clock if isinstance(clock, Clock) else _Monotonic(clock)
         )
@@ -81,12 +92,15 @@ class Elector(Service):
         self.connect_kwargs = dict(connect_kwargs or {"autocommit": True})
         self.election = name
         self.key = f"shigoto.{name}.{schema}"
+        self.schema = schema
+        #: Every lease contested, the main one first (`also` without repeats).
+        self.elections = tuple(dict.fromkeys([name, *also]))
         self._ttl = ttl
-        self.node_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.node_id = node_id or new_node_id()
         self.stmts = statements.statements(schema)
         self._conn: psycopg.AsyncConnection | None = None
-        self._leader = False
-        self._lease_until = 0.0
+        #: Lease name -> the monotonic time its last sent renewal covers (held leases only).
+        self._held: dict[str, float] = {}
         self._turn = asyncio.Lock()
         self.changed = asyncio.Event()
 
@@ -98,7 +112,17 @@ class Elector(Service):
     @property
     def is_leader(self) -> bool:
         """True only while the last renewal this node sent still covers it."""
-        return self._leader and self.clock.monotonic() < self._lease_until
+        return self.leads(self.election)
+
+    def leads(self, name: str) -> bool:
+        """Whether this node holds the lease `name` (one of `elections`) right now: only
+        while the last renewal it sent still covers it."""
+        until = self._held.get(name)
+        return until is not None and self.clock.monotonic() < until
+
+    def leading(self) -> list[str]:
+        """The leases this node holds now, in `elections` order."""
+        return [name for name in self.elections if self.leads(name)]
 
     def retry_wait(self, failures: int) -> float:
         return self.interval
@@ -124,29 +148,35 @@ class Elector(Service):
                 ),
                 DB_TIMEOUT,
             )
-        sent = self.clock.monotonic()
-        params = {"name": self.election, "id": self.node_id, "ttl": self.ttl,
-                  "now": database_now(self.clock)}  # fmt: skip
-        cur = await asyncio.wait_for(
-            self._conn.execute(self.stmts.acquire_lease, params), DB_TIMEOUT
-        )
-        held = await cur.fetchone() is not None
-        if held:
-            self._lease_until = sent + self.ttl
-            if not self._leader:
-                self._leader = True
-                self.changed.set()
-                log.info("became leader", extra={"lock": self.key, "node": self.node_id})
-        else:
-            self._lose("another node holds the lease")
+        for name in self.elections:
+            sent = self.clock.monotonic()
+            params = {"name": name, "id": self.node_id, "ttl": self.ttl,
+                      "now": database_now(self.clock)}  # fmt: skip
+            cur = await asyncio.wait_for(
+                self._conn.execute(self.stmts.acquire_lease, params), DB_TIMEOUT
+            )
+            if await cur.fetchone() is not None:
+                if name not in self._held:
+                    self.changed.set()
+                    log.info("node %s became leader of %s", self.node_id, name, extra={
+                        "lock": self._key(name), "node": self.node_id})  # fmt: skip
+                self._held[name] = sent + self.ttl
+            else:
+                self._lose("another node holds the lease", names=[name])
         return self.is_leader
 
-    def _lose(self, why: str, level: int = logging.WARNING) -> None:
-        if self._leader:
-            log.log(level, "lost leadership: %s", why, extra={"lock": self.key})
-            self._leader = False
-            self._lease_until = 0.0
-            self.changed.set()
+    def _key(self, name: str) -> str:
+        return f"shigoto.{name}.{self.schema}"
+
+    def _lose(
+        self, why: str, level: int = logging.WARNING, *, names: Iterable[str] | None = None
+    ) -> None:
+        """Stop counting this node leader of `names` (default every lease it holds)."""
+        for name in list(self._held if names is None else names):
+            if self._held.pop(name, None) is not None:
+                log.log(level, "lost leadership of %s: %s", name, why,
+                        extra={"lock": self._key(name), "node": self.node_id})  # fmt: skip
+                self.changed.set()
 
     async def _close(self) -> None:
         conn, self._conn = self._conn, None
@@ -160,10 +190,11 @@ class Elector(Service):
         if conn is None or conn.closed:
             return
         with contextlib.suppress(psycopg.Error, OSError):
-            await asyncio.wait_for(
-                conn.execute(self.stmts.resign_lease, {"name": self.election, "id": self.node_id}),
-                DB_TIMEOUT,
-            )
+            for name in self.elections:  # each only if still ours: the statement checks
+                await asyncio.wait_for(
+                    conn.execute(self.stmts.resign_lease, {"name": name, "id": self.node_id}),
+                    DB_TIMEOUT,
+                )
 
     async def wait_stopped(self) -> None:
         """After `stop()`: resign (handing the lease over at once), then wait for the loop."""
@@ -175,10 +206,10 @@ class Elector(Service):
 
     async def on_stop(self) -> None:
         async with self._turn:  # let a renewal in flight finish first, then resign
-            was_leader = self._leader
-            self._leader, self._lease_until = False, 0.0
-            if was_leader:
-                log.info("resigned leadership: stopping", extra={"lock": self.key})
+            held, self._held = list(self._held), {}
+            if held:
+                log.info("resigned leadership of %s: stopping", ", ".join(held),
+                         extra={"lock": self.key, "node": self.node_id})  # fmt: skip
                 self.changed.set()
                 await self._resign_lease()
             await self._close()

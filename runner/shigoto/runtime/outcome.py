@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import sysconfig
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shigoto.errors import MAX_ERROR_BYTES, cut_text, error_message, error_traceback
+from shigoto.errors import (
+    MAX_ERROR_BYTES,
+    MAX_TRACEBACK_LINE_BYTES,
+    cut_text,
+    error_message,
+    utf8_size,
+)
 from shigoto.job import Job, JobState
 
 log = logging.getLogger("shigoto.executor")
@@ -47,8 +56,83 @@ def error_entry(
     """One element of `errors`; the database adds `at` with its own clock. The message and
     the traceback are cut (`shigoto.errors.MAX_ERROR_BYTES`, `MAX_TRACEBACK_CHARS`) before
     anything else copies them: a job raising a 30 MB message stores and logs 64 KiB."""
-    tb = error_traceback(error, MAX_TRACEBACK_CHARS) if with_traceback else ""
+    tb = job_traceback(error, MAX_TRACEBACK_CHARS) if with_traceback else ""
     return {"attempt": attempt, "error": _clean(error_message(error)), "traceback": _clean(tb)}
+
+
+#: Where Shigoto's own modules live, and the standard library's (its thread pool and asyncio
+#: frames sit between the executor and a sync worker).
+_SHIGOTO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep
+                      for k in ("stdlib", "platstdlib")})  # fmt: skip
+
+
+def _ours(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(_SHIGOTO_DIR)
+
+
+def _machinery(filename: str) -> bool:
+    """A frame of Shigoto or of the standard library (not of a package installed beside it)."""
+    path = os.path.abspath(filename)
+    return _ours(path) or (path.startswith(_STDLIB_DIRS) and "-packages" not in path)
+
+
+class _Trimmed(traceback.StackSummary):
+    """A stack whose first `omitted` frames (Shigoto's) were dropped; formats a line saying
+    so where they were, so a reader knows the trace was cut and by how much."""
+
+    omitted = 0
+
+    def format(self, *args: Any, **kwargs: Any) -> list[str]:
+        return [f"  … {self.omitted} frames of shigoto omitted\n", *super().format(*args, **kwargs)]
+
+
+def _trim(exc: traceback.TracebackException, seen: set[int]) -> None:
+    """Drop the leading run of frames of Shigoto's machinery (the executor, its thread
+    dispatch, the middleware chain) from `exc` and every exception chained to it, when a
+    frame of the user's code follows and the run holds at least one Shigoto frame: the user
+    reads their own frame first. Frames below the first user frame are kept whatever they
+    are (a user's middleware calls back into Shigoto's chain)."""
+    if id(exc) in seen:
+        return
+    seen.add(id(exc))
+    frames = list(exc.stack)
+    lead = 0
+    while lead < len(frames) and _machinery(frames[lead].filename):
+        lead += 1
+    if 0 < lead < len(frames) and any(_ours(f.filename) for f in frames[:lead]):
+        trimmed = _Trimmed(frames[lead:])
+        trimmed.omitted = lead
+        exc.stack = trimmed
+    for other in (exc.__cause__, exc.__context__, *(getattr(exc, "exceptions", None) or ())):
+        if other is not None:
+            _trim(other, seen)
+
+
+def job_traceback(error: BaseException, limit: int = MAX_TRACEBACK_CHARS) -> str:
+    """The traceback stored with a failed attempt: `shigoto.errors.error_traceback` (its last
+    `limit` bytes, each line cut), starting at the user's frame (`_trim`): the seven frames of
+    executor, thread pool and worker call above it told nothing and pushed the user's frame
+    below the fold of the dashboard's job page (issue 25)."""
+    exc = traceback.TracebackException.from_exception(error)
+    _trim(exc, set())
+    lines = [_cut_line(line) for chunk in exc.format()
+             for line in chunk.splitlines(keepends=True)]  # fmt: skip
+    kept: list[str] = []
+    size = 0
+    for line in reversed(lines):
+        size += utf8_size(line)
+        if size > limit:
+            kept.append("… [earlier frames cut]\n")
+            break
+        kept.append(line)
+    return "".join(reversed(kept))
+
+
+def _cut_line(line: str) -> str:
+    """One line of a traceback, cut as `shigoto.errors.error_traceback` cuts it."""
+    cut = cut_text(line, MAX_TRACEBACK_LINE_BYTES)
+    return cut + "\n" if line.endswith("\n") and not cut.endswith("\n") else cut
 
 
 def bounded_reason(text: str) -> str:
@@ -138,6 +222,6 @@ def _fields(job: Job) -> dict[str, Any]:
 
 __all__ = [
     "MAX_RESULT_BYTES", "MAX_TRACEBACK_CHARS", "Completion", "Undecodable", "bounded_reason",
-    "error_entry",
+    "error_entry", "job_traceback",
     "storable_problem", "undecodable_problem", "unstorable",
 ]  # fmt: skip

@@ -17,7 +17,6 @@ so `shigoto run` exits non-zero and its supervisor starts a fresh process.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import logging
 from collections.abc import Iterable, Mapping
@@ -32,6 +31,7 @@ from shigoto import config, telemetry
 from shigoto._service import Service
 from shigoto.client.queue_settings import QueueSetting, QueueSettingsWatcher, write_limits
 from shigoto.clock import SYSTEM, Clock
+from shigoto.cron import coverage as cron_coverage
 from shigoto.cron.scheduler import CronScheduler, Schedule
 from shigoto.cron.scheduler import store as store_schedules
 from shigoto.db import database
@@ -108,6 +108,65 @@ def _loads_json(data: bytes) -> Any:
 
 async def _configure_connection(conn: psycopg.AsyncConnection[Any]) -> None:
     set_json_loads(_loads_json, conn)
+
+
+def check_startup(
+    imports: Iterable[str],
+    queues: Mapping[str, int],
+    worker_prefixes: Iterable[str] | None = (),
+    origin: str = "imports",
+) -> None:
+    """What a runner checks before it touches the database (issue 25, item 4): its worker
+    modules import (else a one-line ConfigurationError naming the module and the cause), and
+    it has something it can run.
+
+    An encrypted worker (`encrypted=True` or `encrypted_result=True`) defined by one of the
+    imported modules, of a queue served here, with no keys (SHIGOTO_ENCRYPTION_KEYS) is
+    refused: every attempt would fail with DecryptionError (or drop its result), so the runner
+    would only burn its jobs' attempts.
+    One of a queue not served here is only warned about: modules of workers are often shared
+    by runners of different queues. A runner with no worker at all (no --import, no
+    --worker-prefixes) is warned about loudly, not refused: its jobs fail with
+    UnknownWorkerError, but a runner may be meant to serve only the leader's services (cron,
+    pruning, rescue), or its workers may register in code run later by the embedding
+    application."""
+    from shigoto import registry
+    from shigoto.encryption.keys import ENV_VAR
+
+    modules = list(imports)
+    registry.import_worker_modules(modules, origin)
+    workers = registry.snapshot()
+    if not workers and not config.worker_prefixes(worker_prefixes):
+        log.warning(
+            "no workers registered: nothing was imported (--import / %s) and no "
+            "--worker-prefixes; every job claimed from queue(s) %s will fail with "
+            "UnknownWorkerError. Pass --import with the module(s) that define the workers "
+            "(ignore this for a runner meant only for cron or the leader's services)",
+            config.ENV_IMPORT, ", ".join(sorted(queues)) or "-",
+        )  # fmt: skip
+    if process_ring() is not None:  # also reads the keys now: a malformed list stops here
+        return
+    unserved: list[str] = []
+    for name, worker in sorted(workers.items()):
+        # Only this runner's own modules': a process embedding a runner may hold other
+        # workers, served by other runners with their own keys.
+        defined_in = getattr(worker, "__module__", None) or ""
+        if not any(defined_in == m or defined_in.startswith(m + ".") for m in modules):
+            continue
+        kinds = [k for k in ("encrypted", "encrypted_result") if getattr(worker, k, False) is True]
+        if not kinds:
+            continue
+        queue = getattr(worker, "queue", None) or config.DEFAULT_QUEUE
+        problem = (f"worker {name} is {kinds[0]}=True but {ENV_VAR} is not set, so every job "
+                   f"of it would fail with DecryptionError")  # fmt: skip
+        if queue in queues:  # refused before any warning: the refusal is the one line
+            raise ConfigurationError(
+                f"{problem}: set {ENV_VAR} to the keys its jobs were sealed with (the same "
+                "list as the producers; `shigoto keys generate` prints a new one)"
+            )
+        unserved.append(f"{problem} (its queue {queue} is not served by this runner)")
+    for problem in unserved:
+        log.warning("%s", problem)
 
 
 class StuckThreadsError(Error):
@@ -223,8 +282,14 @@ class Runner:
         self.cron_schedules = list(cron_schedules)
         self.cron = cron or bool(self.cron_schedules)
         self.clock = clock
-        self.elector = Elector(self.url, self.schema, clock=clock,
-                               connect_kwargs=self._connect_kwargs(self.url, "elector"))
+        # One id everywhere: the leases carry the node id of the heartbeat row and the logs.
+        # A cron runner also contests the cron lease (on the same connection); a runner
+        # without --cron never does, so it can never hold cron leadership and fire nothing.
+        self.elector = Elector(
+            self.url, self.schema, clock=clock, node_id=self.node,
+            also=(cron_coverage.RUNNER_LEASE,) if self.cron else (),
+            connect_kwargs=self._connect_kwargs(self.url, "elector"),
+        )  # fmt: skip
         self.global_concurrency = dict(global_concurrency or {})
         session = self.routes.session_url
         self.liveness = Liveness(
@@ -280,8 +345,8 @@ class Runner:
 
     async def run(self) -> None:
         """Run until `stop()`; returns after the graceful shutdown has finished."""
-        for module in self.imports:
-            importlib.import_module(module)
+        # Before any connection: a runner that could run nothing stops here, saying why.
+        check_startup(self.imports, self.queues, self.settings.worker_prefixes)
         await self._migrate()
         if self.cron_schedules:
             await asyncio.to_thread(
@@ -441,8 +506,10 @@ class Runner:
             services["shedding"] = self.shedding
         if self.cron:
             services["cron"] = CronScheduler(
-                pool, self.schema, is_leader=leader, interval=s.cron_interval
+                pool, self.schema, is_leader=self._leads_cron, interval=s.cron_interval
             )
+        # Every runner, cron or not: stored schedules that nothing fires must be loud.
+        services["cron-watch"] = cron_coverage.CronWatch(pool, self.schema, self.node)
         # Every service alike: the elector, the liveness prover (proves this runner alive to every
         # runner's limit counts until the very end), the completer, the notifier, then the
         # maintenance services.
@@ -476,6 +543,10 @@ class Runner:
 
     def _leads(self) -> bool:
         return self.elector.is_leader
+
+    def _leads_cron(self) -> bool:
+        """Whether this runner holds the cron lease (only `--cron` runners contest it)."""
+        return self.elector.leads(cron_coverage.RUNNER_LEASE)
 
     async def stop(self) -> None:
         """Ask the runner to shut down gracefully; `run()` returns when it is done."""

@@ -15,7 +15,9 @@ function lastJob(schedule) {
 function row(schedule) {
   return h("tr", { "data-cron": schedule.name },
     h("th", { scope: "row" }, schedule.name,
-      schedule.paused ? h("span", { class: "badge paused" }, "paused") : null),
+      schedule.paused ? h("span", { class: "badge paused" }, "paused") : null,
+      schedule.unscheduled ? h("span", { class: "badge unscheduled", "data-unscheduled": "",
+        title: "No live process holds a cron lease: start a runner with --cron" }, "not firing") : null),
     h("td", { "data-field": "expression" }, h("code", null, schedule.expression)),
     h("td", { "data-field": "worker" }, shortWorker(schedule.worker)),
     h("td", { "data-field": "queue" }, h("a", { href: href("jobs", { queue: schedule.queue }) }, schedule.queue)),
@@ -29,7 +31,7 @@ export function mount(root) {
   const body = h("div", { class: "table-wrap" }, h("p", { class: "loading" }, "Loading…"));
   root.append(h("section", { "data-view": "cron", class: "view" },
     h("div", { class: "view-head" }, h("h1", null, "Cron"),
-      h("p", { class: "lede" }, "Schedules the leading runner enqueues, exactly once per slot.")),
+      h("p", { class: "lede" }, "Schedules the cron leader (a runner started with --cron, or the operator) enqueues, exactly once per slot.")),
     body));
 
   async function refresh() {

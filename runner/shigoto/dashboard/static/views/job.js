@@ -66,7 +66,19 @@ function resultBlock(job) {
   return block("Result", "result", pre(job.result));
 }
 
+/**
+ * The frame that raised, as "file:line in function": the last frame of the traceback's last
+ * exception. Shown above the traceback, so the line to look at is above the fold however deep
+ * the stack (runners store tracebacks from the user's first frame: Shigoto's are omitted).
+ */
+export function raisedAt(traceback) {
+  const frames = [...String(traceback || "").matchAll(/^ {2}File "([^"]+)", line (\d+), in (.+)$/gm)];
+  const last = frames.at(-1);
+  return last ? `${last[1]}:${last[2]} in ${last[3]}` : null;
+}
+
 function errorItem(error, latest) {
+  const where = raisedAt(error.traceback);
   const detail = error.traceback
     ? h("details", { open: latest }, h("summary", null, "Traceback"), h("pre", { class: "code traceback" }, error.traceback))
     : null;
@@ -75,6 +87,7 @@ function errorItem(error, latest) {
       h("strong", null, `Attempt ${error.attempt}`), " · ", when(error.at),
       error.sealed ? h("span", { class: "muted" }, " · encrypted") : null),
     h("p", { class: "error-text" }, error.error ?? error.error_class ?? (error.sealed ? "Encrypted: not shown." : "")),
+    where ? h("p", { class: "error-where", "data-raised-at": "" }, "Raised at ", h("code", null, where)) : null,
     detail);
 }
 

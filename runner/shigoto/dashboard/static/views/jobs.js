@@ -1,5 +1,5 @@
 // The jobs page (`#/jobs?queue=&worker=&state=&tag=&args=&after=&limit=`) and the failures
-// page (`#/failures`, the same list fixed to discarded and retryable jobs). Pages are keyset
+// page (`#/failures`, the same list fixed to state "failed": discarded and retryable jobs). Pages are keyset
 // pages: `after` is the server's opaque cursor, so "next" never skips or repeats a job even
 // while jobs are inserted; "first" goes back to the newest. The filter form is built once per
 // visit and only the table is redrawn on live updates, so typing is never interrupted.
@@ -18,7 +18,9 @@ const LABELS = {
   queue: "Queue", worker: "Worker", state: "State", tag: "Tag", args: "Args contain", limit: "Per page",
 };
 const LIMITS = ["50", "100", "500"];
-const FAILED = "discarded,retryable";
+// "failed" is the one word for discarded and retryable jobs, accepted by the server as by
+// `shigoto jobs list --state failed` and `shigoto retry --state failed` (docs/jobs.md).
+const FAILED = "failed";
 
 function field(name, label, control, hint) {
   return h("label", { class: "field" }, h("span", { class: "field-label" }, label), control,
@@ -26,7 +28,7 @@ function field(name, label, control, hint) {
 }
 
 function stateSelect(value) {
-  const options = [["", "any state"], ...STATES.map((s) => [s, s]), [FAILED, "failed (discarded, retryable)"]];
+  const options = [["", "any state"], ...STATES.map((s) => [s, s]), [FAILED, "failed (discarded or retryable)"]];
   const known = options.some(([v]) => v === (value || ""));
   if (!known) options.push([value, value]);
   return h("select", { name: "state" },

@@ -1,5 +1,5 @@
 // Runner nodes (`#/nodes`): every live runner process, the queues it serves, what it runs now,
-// and which one leads (runs the stager, pruner, rescuer and cron).
+// and what each one leads: `leader` (pruner, rescuer) and `cron` (a runner with --cron).
 
 import * as api from "../api.js";
 import { h, replace } from "../dom.js";
@@ -16,7 +16,9 @@ function queueList(queues) {
 function row(node) {
   return h("tr", { "data-node": node.id },
     h("th", { scope: "row" }, h("code", { title: node.id }, node.id),
-      node.leader ? h("span", { class: "badge leader", title: "Runs the leader-only services" }, "leader") : null),
+      (node.leads || []).map((lease) => h("span", { class: "badge leader", "data-lease": lease,
+        title: lease === "cron" ? "Enqueues the cron slots" : lease === "leader" ? "Runs the leader-only services (rescue, pruning)" : `Holds the ${lease} lease` },
+        lease === "leader" ? "leader" : `${lease} leader`))),
     h("td", null, node.hostname),
     h("td", { class: "num" }, node.pid),
     h("td", { class: "tags" }, queueList(node.queues)),

@@ -119,12 +119,15 @@ def _operator_reports(kube: Kube, ns: str, replicas: int) -> bool:
     label = "app.kubernetes.io/name=shigoto-operator"
     pods = json.loads(kube("get", "pods", "-n", OPERATOR_NS, "-l", label, "-o", "json"))["items"]
     running = [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"]
-    if not running:
-        return False
+    # Two replicas, one acting (kopf peering): the standby serves neither counts nor scaling.
+    return any(_pod_reports(kube, pod, ns, replicas) for pod in running)
+
+
+def _pod_reports(kube: Kube, pod: str, ns: str, replicas: int) -> bool:
     metrics_port, dashboard_port = _free_port(), _free_port()
     forward = subprocess.Popen(
         ["kubectl", "--kubeconfig", kube.kubeconfig, "-n", OPERATOR_NS, "port-forward",
-         f"pod/{running[0]}", f"{metrics_port}:9090", f"{dashboard_port}:8081"],
+         f"pod/{pod}", f"{metrics_port}:9090", f"{dashboard_port}:8081"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:

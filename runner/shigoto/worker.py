@@ -195,10 +195,79 @@ class Worker:
 
     @classmethod
     def enqueue(cls, args: dict[str, Any] | None = None, **options: Any) -> Any:
-        """Enqueue a job for this worker with its defaults; options as `shigoto.enqueue`."""
+        """Enqueue a job for this worker with its defaults; set options with `options()`.
+
+        Options passed here (`enqueue({...}, priority=5)`, the old way) still apply, with a
+        DeprecationWarning: function workers cannot take options beside their args, so both
+        kinds share the one way, `W.options(priority=5).enqueue({...})`.
+        """
         from shigoto.client.enqueuing import enqueue
 
+        if options:
+            _warn_mixed_options(cls.name, options)
         return enqueue(lookup(cls.name), args, **options)
+
+    @classmethod
+    async def aenqueue(cls, args: dict[str, Any] | None = None) -> Any:
+        """`enqueue` for asyncio; options come from `options()` as well."""
+        from shigoto.client.enqueuing import aenqueue
+
+        return await aenqueue(lookup(cls.name), args)
+
+    @classmethod
+    def options(cls, **options: Any) -> ClassEnqueueOptions:
+        """Enqueue options (priority, schedule_in, conn, ...), as for a function worker:
+        `ImportContacts.options(priority=5).enqueue({"file": "contacts.csv"})`. The names are
+        checked here, before anything is written."""
+        return ClassEnqueueOptions(lookup(cls.name), options)
+
+
+def _warn_mixed_options(name: str, options: Mapping[str, Any]) -> None:
+    """The DeprecationWarning of `W.enqueue(args, priority=...)`, naming the caller's line."""
+    keys = sorted(options)
+    warnings.warn(
+        f"{name}.enqueue(args, {', '.join(f'{k}=...' for k in keys)}): options passed to a "
+        f"class worker's enqueue are deprecated; write {name.rpartition('.')[2]}.options("
+        f"{', '.join(f'{k}=...' for k in keys)}).enqueue(args) instead",
+        DeprecationWarning,
+        stacklevel=3,  # past this helper and Worker.enqueue
+    )
+
+
+class ClassEnqueueOptions:
+    """A class worker with its enqueue options fixed; `.enqueue(args)` takes the args dict,
+    as the worker's own `enqueue` does (a function worker's `options()` takes keywords,
+    as its `enqueue` does)."""
+
+    __slots__ = ("_options", "worker")
+
+    def __init__(self, worker: Worker, options: Mapping[str, Any]) -> None:
+        from shigoto.client.enqueue_plan import check_option_names
+
+        check_option_names(options)
+        self.worker = worker
+        self._options = dict(options)
+
+    def options(self, **more: Any) -> ClassEnqueueOptions:
+        """These options plus `more` (which win)."""
+        return ClassEnqueueOptions(self.worker, {**self._options, **more})
+
+    def new(self, args: dict[str, Any] | None = None) -> jobspec.JobSpec:
+        """The job as a validated spec with these options; pure, nothing is written."""
+        return jobspec.build(self.worker, args, **self._options)
+
+    def enqueue(self, args: dict[str, Any] | None = None) -> Any:
+        from shigoto.client.enqueuing import enqueue
+
+        return enqueue(self.worker, args, **self._options)
+
+    async def aenqueue(self, args: dict[str, Any] | None = None) -> Any:
+        from shigoto.client.enqueuing import aenqueue
+
+        return await aenqueue(self.worker, args, **self._options)
+
+    def __repr__(self) -> str:
+        return f"<{self.worker.name} with {self._options!r}>"
 
 
 class FunctionWorker(Worker, template=True):
@@ -294,12 +363,12 @@ class FunctionWorker(Worker, template=True):
 
         return enqueue_kwargs(self, args)
 
-    async def aenqueue(self, **args: Any) -> Any:
+    async def aenqueue(self, **args: Any) -> Any:  # type: ignore[override]
         from shigoto.client.enqueuing import aenqueue_kwargs
 
         return await aenqueue_kwargs(self, args)
 
-    def options(self, **options: Any) -> Any:
+    def options(self, **options: Any) -> Any:  # type: ignore[override]
         """Enqueue options (priority, schedule_in, conn, ...) kept apart from the job's args:
         `w.options(priority=5).enqueue(user_id=1)`."""
         from shigoto.client.enqueuing import EnqueueOptions

@@ -52,8 +52,8 @@ def test_every_outcome_is_logged_once_with_its_fields(
     assert any("unknown worker no_such_pkg.workers.fn" in r.getMessage()
                for r in _lines(caplog, unknown.id))  # fmt: skip
 
-    assert _lines(caplog, completed.id) == []
-    [line] = _lines(caplog, completed.id, logging.DEBUG)
+    assert _lines(caplog, completed.id, logging.DEBUG) == []
+    [line] = _lines(caplog, completed.id)  # at INFO, like failures (issue 25, item 11)
     assert "completed in" in line.getMessage()
 
     for record in caplog.records:

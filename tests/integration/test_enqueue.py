@@ -85,7 +85,7 @@ def test_explicit_options_win_over_worker_defaults(conn: psycopg.Connection[Any]
 
 def test_typed_shortcuts(conn: psycopg.Connection[Any]) -> None:
     fn_job = workers.with_defaults.enqueue(to="a@example.com", subject="Hi")
-    class_job = workers.ClassWithDefaults.enqueue({"size": 3}, priority=9)
+    class_job = workers.ClassWithDefaults.options(priority=9).enqueue({"size": 3})
     r = row(conn, fn_job.id)
     assert r["args"] == {"to": "a@example.com", "subject": "Hi"}
     assert r["queue"] == "defaults-q"

@@ -352,7 +352,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="counts by queue and state, paused queues, limits, nodes")
     _common(p)
-    p.add_argument("--json", action="store_true")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true")
+    shown.add_argument("--watch", nargs="?", const=2.0, type=_watch_seconds, metavar="SECONDS",
+                       help="redraw every SECONDS (default 2) until Ctrl-C")  # fmt: skip
+    p.add_argument("--wide", action="store_true",
+                   help="every column, full headers (the default fits 100 columns)")  # fmt: skip
 
     retry_help = ("make matching jobs available again: discarded and cancelled ones, or those "
                   "of --state (completed ones ask first); never a job waiting on its parents")
@@ -639,15 +644,30 @@ def _enqueue(args: argparse.Namespace) -> int:
     return 0
 
 
+def _watch_seconds(text: str) -> float:
+    """`--watch`'s interval: a positive number of seconds (0 would redraw in a busy loop)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"needs a positive number of seconds, got {text}")
+    return seconds
+
+
 def _status(args: argparse.Namespace) -> int:
-    from shigoto.cli.status_view import render_status
+    from shigoto.cli.status_view import render_status, watch_status
     from shigoto.ops.operations import status
 
-    st = status(database_url=_database_url(args), schema=args.schema)
+    url = _database_url(args)
+    if args.watch is not None:
+        return watch_status(lambda: status(database_url=url, schema=args.schema), args.watch,
+                            wide=args.wide)  # fmt: skip
+    st = status(database_url=url, schema=args.schema)
     if args.json:
         print(json.dumps(st.as_dict(), indent=2, default=str))
         return 0
-    render_status(st)
+    render_status(st, wide=args.wide)
     return 0
 
 

@@ -7,6 +7,9 @@ each one is escaped (`_cell`) before it reaches a table.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console
@@ -22,28 +25,44 @@ def _cell(value: Any) -> str:
     return escape(str(value))
 
 
-def status_table(st: Status) -> Table:
+#: Short headers of the default table, so it fits 100 columns; `--wide` shows the states'
+#: own names. The caption says what each stands for.
+_SHORT = {
+    JobState.SCHEDULED: "sched", JobState.AVAILABLE: "avail", JobState.EXECUTING: "exec",
+    JobState.RETRYABLE: "retry", JobState.COMPLETED: "done", JobState.DISCARDED: "disc",
+}  # fmt: skip
+_LEGEND = (", ".join(f"{short} = {state.value}" for state, short in _SHORT.items())
+           + "; 1h c/d/x = completed/discarded/cancelled in the last hour; --wide: every "
+           "column")  # fmt: skip
+
+
+def status_table(st: Status, wide: bool = False) -> Table:
     """Counts by queue and state. Finished counts on a big table are estimates from table
     statistics, shown as `~N` and said so in the caption; "last hour" is what the runners'
     stats sampler recorded (completed / discarded / cancelled), "-" where nothing was
-    sampled."""
+    sampled. By default short headers and no cancelled count (the last hour has it) keep the
+    table within 100 columns; `wide` shows every state under its own name."""
+    states = list(JobState) if wide else list(_SHORT)
     table = Table(title="queues")
-    table.add_column("queue")
-    for state in JobState:
-        table.add_column(state.value, justify="right")
-    table.add_column("oldest available", justify="right")
-    table.add_column("last hour c/d/x", justify="right")
+    table.add_column("queue", overflow="fold")
+    for state in states:
+        table.add_column(state.value if wide else _SHORT[state], justify="right")
+    table.add_column("oldest available" if wide else "oldest", justify="right")
+    table.add_column("last hour c/d/x" if wide else "1h c/d/x", justify="right")
     for queue in sorted(st.counts):
         age = st.oldest_available_age.get(queue)
         table.add_row(
             _cell(queue),
-            *(_count(st, queue, s) for s in JobState),
+            *(_count(st, queue, s) for s in states),
             f"{age:.1f}s" if age is not None else "-",
             _last_hour(st.finished_last_hour.get(queue)),
         )
+    notes = [] if wide else [_LEGEND]
     if not st.finished_exact:
-        table.caption = ("~ estimated from table statistics (too many finished rows to count "
-                         "one by one); live states are exact")  # fmt: skip
+        notes.append("~ estimated from table statistics (too many finished rows to count one "
+                     "by one); live states are exact")  # fmt: skip
+    if notes:
+        table.caption = "\n".join(notes)
     return table
 
 
@@ -58,16 +77,42 @@ def _last_hour(done: dict[str, int] | None) -> str:
     return f"{done['completed']}/{done['discarded']}/{done['cancelled']}"
 
 
-def nodes_table(st: Status) -> Table:
+def nodes_table(st: Status, wide: bool = False) -> Table:
+    """Live runners. By default how long each has been up rather than its start time (32
+    characters of ISO timestamp), and names that wrap instead of being cut."""
     table = Table(title="nodes")
-    for name in ("node", "queues", "leads", "started", "last seen"):
-        table.add_column(name)
+    table.add_column("node", overflow="fold")
+    table.add_column("queues", overflow="fold")
+    table.add_column("leads", overflow="fold")
+    table.add_column("started" if wide else "up", justify="left" if wide else "right")
+    table.add_column("last seen" if wide else "seen", justify="right")
+    now = datetime.now(UTC)
     for node in st.nodes:
         queues = ", ".join(f"{q}={c}" for q, c in node["queues"].items())
         leads = ", ".join(node.get("leads") or []) or "-"
-        table.add_row(_cell(node["id"]), _cell(queues), _cell(leads), _cell(node["started_at"]),
+        started = _cell(node["started_at"]) if wide else _uptime(node["started_at"], now)
+        table.add_row(_cell(node["id"]), _cell(queues), _cell(leads), started,
                       f"{node['silent_for']:.0f}s ago")  # fmt: skip
     return table
+
+
+def _uptime(started_at: Any, now: datetime) -> str:
+    """`3d4h`, `2h05m`, `12m`, `40s`: how long ago `started_at` (ISO text) was."""
+    try:
+        started = datetime.fromisoformat(str(started_at))
+    except ValueError:
+        return _cell(started_at)
+    if started.tzinfo is None:
+        started = started.replace(tzinfo=UTC)
+    seconds = max(0, int((now - started).total_seconds()))
+    days, rest = divmod(seconds, 86_400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m" if minutes else f"{seconds}s"
 
 
 def cron_table(st: Status) -> Table:
@@ -171,8 +216,10 @@ def migrations_table(st: Status) -> Table:
     return table
 
 
-def render_status(st: Status, console: Console | None = None) -> None:
-    tables = [status_table(st), nodes_table(st)]
+def render_status(st: Status, console: Console | None = None, *, wide: bool = False) -> None:
+    """Print every table that has something to say; `wide`: every column of the queues and
+    nodes tables, under full headers (the default fits 100 columns for typical names)."""
+    tables = [status_table(st, wide), nodes_table(st, wide)]
     if st.pending_migrations:
         tables.insert(0, migrations_table(st))
     if st.cron:
@@ -190,8 +237,34 @@ def render_status(st: Status, console: Console | None = None) -> None:
         if not console.is_terminal:
             # Piped or captured (kubectl exec, grep, CI logs): there is no screen to fit, and
             # the 80-column default would cut queue names and headers down to "visi…".
-            wide = console.options.update_width(10_000)
-            needed = max(console.measure(t, options=wide).maximum for t in tables)
+            wide_options = console.options.update_width(10_000)
+            needed = max(console.measure(t, options=wide_options).maximum for t in tables)
             console = Console(width=max(needed, console.width))
     for table in tables:
         console.print(table)
+
+
+#: How `watch_status` waits between redraws (replaced in tests, which never sleep).
+_pause: Callable[[float], None] = time.sleep
+
+
+def watch_status(
+    read: Callable[[], Status], seconds: float, *, wide: bool = False,
+    console: Console | None = None,
+) -> int:  # fmt: skip
+    """Redraw the status every `seconds` until Ctrl-C, then exit 0 (stopping is the normal
+    end of watching, not a failure). A terminal is cleared before each redraw, so the tables
+    stay in place; a pipe gets each redraw after a dated rule, so a log of them reads back."""
+    console = console or Console()
+    try:
+        while True:
+            st = read()
+            if console.is_terminal:
+                console.clear()
+            stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+            console.rule(f"shigoto status, every {seconds:g}s (Ctrl-C to stop) · {stamp}",
+                         style="dim")  # fmt: skip
+            render_status(st, console if console.is_terminal else None, wide=wide)
+            _pause(seconds)
+    except KeyboardInterrupt:
+        return 0

@@ -9,8 +9,8 @@ on threads of their own, under `callback_timeout` (`runtime.worker_callbacks`), 
 is always recorded.
 
 Every outcome is logged on `shigoto.executor` (`runtime.job_log`), one line each with the
-fields job_id, worker, queue and attempt: failures, retries, discards and cancels at INFO,
-successes and snoozes at DEBUG; tracebacks at `traceback_level`. Job args never appear in the
+fields job_id, worker, queue and attempt: completions, failures, retries, discards and cancels
+at INFO, snoozes at DEBUG; tracebacks at `traceback_level`. Job args never appear in the
 log.
 
 Encrypted jobs (docs/encryption.md): their values are opened before the perform and sealed
@@ -43,7 +43,7 @@ from shigoto.job import Job, JobState
 from shigoto.middleware import execution_middleware
 from shigoto.runtime.isolation import perform_in_process
 from shigoto.runtime.job_encryption import JobEncryption, confidential
-from shigoto.runtime.job_log import describe, log, log_fields, log_traceback
+from shigoto.runtime.job_log import describe, log, log_completed, log_fields, log_traceback
 from shigoto.runtime.outcome import (  # noqa: F401  (re-exported: the executor's outcomes)
     MAX_RESULT_BYTES,
     MAX_TRACEBACK_CHARS,
@@ -356,9 +356,7 @@ class JobExecutor:
         if telemetry.enabled("job.stop"):  # skip building the dicts while nobody listens
             telemetry.emit("job.stop", {"duration": duration, "queue_time": _queue_time(job)},
                            {**meta, "result": outcome})  # fmt: skip
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("job %s (%s) completed in %.3fs", job.id, job.worker, duration,
-                      extra=log_fields(job))  # fmt: skip
+        log_completed(job, duration)
         result_json, problem = _result_json(outcome, job)
         if result_json is not None and getattr(worker, "encrypted_result", False) is True:
             result_json, problem = self.encryption.seal_result(job, result_json)

@@ -1,9 +1,10 @@
 """How the executor logs a job: one logger, the same fields on every line, never the args.
 
-Every outcome of an attempt, and every failure of a worker's callback, is one line on
-`shigoto.executor` carrying `job_id`, `worker`, `queue` and `attempt`, so a log search for a
-job finds all of it whichever part wrote the line. An encrypted job's exception messages may
-quote its args, so its lines name only the exception's type (`describe`).
+Every outcome of an attempt (a completion too, at INFO), and every failure of a worker's
+callback, is one line on `shigoto.executor` carrying `job_id`, `worker`, `queue` and `attempt`,
+so a log search for a job finds all of it whichever part wrote the line. An encrypted job's
+exception messages may quote its args, so its lines name only the exception's type
+(`describe`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ def describe(error: BaseException, sealed: bool = False) -> str:
     return error_message(error)
 
 
+def log_completed(job: Job, duration: float) -> None:
+    """One INFO line per completed job, as failures get: at the default level a runner's log
+    then shows what it did, not only what went wrong (a silent log cannot tell an idle runner
+    from a busy one). Short and fixed, with the duration as a field for searches and sums."""
+    if log.isEnabledFor(logging.INFO):  # skip formatting when a deployment turned INFO off
+        log.info("job %s (%s) completed in %.3fs", job.id, job.worker, duration,
+                 extra={**log_fields(job), "duration": round(duration, 6)})  # fmt: skip
+
+
 def log_traceback(
     level: int, error: BaseException, msg: str, *args: Any, extra: dict[str, Any]
 ) -> None:
@@ -47,4 +57,4 @@ def log_traceback(
     log.handle(record)
 
 
-__all__ = ["describe", "log", "log_fields", "log_traceback"]
+__all__ = ["describe", "log", "log_completed", "log_fields", "log_traceback"]

@@ -109,6 +109,13 @@ def eventually(condition: Callable[[], T], *, timeout: float, message: str) -> T
     return wait_until(condition, timeout=timeout, message=message, step=1.0)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The quick start (test_quick_start.py) installs Shigoto its own way and ends by
+    uninstalling it, CRDs included: run after every other test, whose session installed it."""
+    items.sort(key=lambda item: item.nodeid.startswith("tests/e2e/test_quick_start.py"))
+
+
 @pytest.fixture(scope="session")
 def kube() -> Kube:
     kubeconfig = os.environ.get("SHIGOTO_E2E_KUBECONFIG")

@@ -122,6 +122,14 @@ def test_quick_start_word_for_word(kube: Kube, fresh_db: str, tmp_path: Path) ->
         assert queue["status"]["jobs"]["completed"] >= 1, queue["status"]
         runner = kube.get("-n", "shigoto-demo", "deploy/shigoto-runner-example")
         assert runner is not None and runner["spec"]["replicas"] == 0
+    except AssertionError:
+        # What the page's user would look at next, before the uninstall removes it.
+        for argv in (("get", "queues,deployments,pods,events", "-A", "-o", "wide"),
+                     ("get", "queues", "-A", "-o", "yaml"),
+                     ("-n", "shigoto-system", "logs", "deploy/shigoto-operator", "--tail=80")):
+            shown = subprocess.run(["kubectl", *argv], env=env, capture_output=True, text=True)
+            log.append(f"$ kubectl {' '.join(argv)}\n{shown.stdout}{shown.stderr}")
+        raise
     finally:
         # the uninstall names the newest release's file: write it if the run stopped earlier
         subprocess.run(["make", "-s", "release", "VERSION=0.2.0"], cwd=ROOT, capture_output=True)

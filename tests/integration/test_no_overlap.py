@@ -6,10 +6,12 @@ is recorded from inside the perform (tests.support.attempts) and checked for ove
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -234,3 +236,35 @@ def test_a_queue_wide_retry_reruns_neither_completed_jobs_nor_a_child_still_wait
     assert [a.attempt for a in attempts if a.job_id == done.id] == [1], "not run again"
     by_job = {a.job_id: a for a in attempts}
     assert by_job[child.id].start > by_job[parent.id].end
+
+
+async def test_a_runner_claims_nothing_before_its_liveness_lock_is_held(
+    db_url: str, conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job started before the lock, whose perform then blocked the loop (and the proofs),
+    looked abandoned to the rescuer and ran twice (a fresh-clone CI run caught it): so the
+    runner waits for the lock before its first claim."""
+    from shigoto.runtime import liveness
+
+    gate = asyncio.Event()
+    connect = liveness.Liveness._connect
+
+    async def slow_connect(self: liveness.Liveness) -> Any:
+        await gate.wait()  # the limiter session is slow to come up
+        return await connect(self)
+
+    monkeypatch.setattr(liveness.Liveness, "_connect", slow_connect)
+    job = shigoto.enqueue("tests.support.workers.echo", {"n": 1})
+    runner = shigoto.Runner({"default": 1}, database_url=db_url, imports=["tests.support.workers"],
+                            poll_interval=0.1)  # fmt: skip
+    task = asyncio.create_task(runner.run())
+    try:
+        await asyncio.sleep(1.5)
+        assert state(conn, job.id) == "available", "claimed before the liveness lock was held"
+        gate.set()
+        await until(lambda: state(conn, job.id) == "completed", timeout=DEADLINE,
+                    message="claimed once the lock is held")  # fmt: skip
+    finally:
+        gate.set()
+        await runner.stop()
+        await asyncio.wait_for(task, 30)

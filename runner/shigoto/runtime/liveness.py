@@ -294,8 +294,13 @@ class Liveness(Service):
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self.stmts = statements.statements(schema)
         self.fence = Fence(clock)
+        #: Set once this runner's liveness lock is held (at once without a session: there is
+        #: no lock to wait for). The runner claims nothing before: a job started before the
+        #: lock, whose perform then blocks the loop, would look abandoned to the rescuer.
+        self.locked = asyncio.Event()
         if url is None:
             self.fence.lease = GRACE
+            self.locked.set()
 
     def retry_wait(self, failures: int) -> float:
         """A failed proof is retried on the next beat, never later: the fence lifts only when
@@ -358,7 +363,18 @@ class Liveness(Service):
         row = await cur.fetchone()
         if not (row and row[0]):
             log.warning("liveness lock of node %s is held by another session", self.node)
+        self.locked.set()  # held here, or by a session of this node not yet noticed dead
         return conn
+
+    async def wait_locked(self, timeout: float) -> bool:
+        """Wait until the liveness lock is first held, at most `timeout` seconds; whether it
+        is. Proofs go through the pool meanwhile (`_prove`), so the node stays fresh."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self.locked.wait()
+        except TimeoutError:
+            return False
+        return True
 
     async def _prove_on(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Refresh `last_seen_at`; a proof counts from the moment it was sent, and only if it

@@ -87,6 +87,9 @@ from shigoto.worker import WorkerResolver
 
 log = logging.getLogger("shigoto.runner")
 
+#: Seconds a starting runner waits for its liveness lock before it claims anyway.
+LIVENESS_LOCK_WAIT = 30.0
+
 
 def _loads_json(data: bytes) -> Any:
     """`json.loads`, minus the parser for the `{}` and `[]` most claimed jobs carry (meta,
@@ -524,6 +527,12 @@ class Runner:
         for service in self._services.values():
             service.start()
         self.loop_watch.start()
+        # Claim only once the liveness lock is held: a job started before it, whose perform
+        # then blocks the event loop (and so the proofs), would look abandoned to the rescuer
+        # and run twice.
+        if not await self.liveness.wait_locked(LIVENESS_LOCK_WAIT):
+            log.warning("liveness lock of node %s not held after %g s: claiming anyway, proving "
+                        "through the pool", self.node, LIVENESS_LOCK_WAIT)  # fmt: skip
         for queue, concurrency in self.queues.items():
             self._start_producer(queue, concurrency)
         await _wait_listening(notifier)

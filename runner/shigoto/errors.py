@@ -68,11 +68,15 @@ def error_message(error: BaseException, limit: int = MAX_ERROR_BYTES) -> str:
 
 def error_traceback(error: BaseException, limit: int = MAX_ERROR_BYTES) -> str:
     """The formatted traceback of `error` (chained exceptions included), its last `limit`
-    bytes at most, the most recent frames and the error itself being what explains it. Each
-    line is cut to `MAX_TRACEBACK_LINE_BYTES` as it is formatted, so an exception quoting
-    megabytes is never held formatted whole."""
-    lines = [_cut_line(line)
-             for chunk in traceback.TracebackException.from_exception(error).format()
+    bytes at most, the most recent frames and the error itself being what explains it."""
+    return bounded_traceback(traceback.TracebackException.from_exception(error), limit)
+
+
+def bounded_traceback(exc: traceback.TracebackException, limit: int = MAX_ERROR_BYTES) -> str:
+    """`exc` formatted, its last `limit` bytes at most. Each line is cut to
+    `MAX_TRACEBACK_LINE_BYTES` as it is formatted, so an exception quoting megabytes is never
+    held formatted whole."""
+    lines = [_cut_line(line) for chunk in exc.format()
              for line in chunk.splitlines(keepends=True)]  # fmt: skip
     kept: list[str] = []
     size = 0

@@ -16,13 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shigoto.errors import (
-    MAX_ERROR_BYTES,
-    MAX_TRACEBACK_LINE_BYTES,
-    cut_text,
-    error_message,
-    utf8_size,
-)
+from shigoto.errors import MAX_ERROR_BYTES, bounded_traceback, cut_text, error_message
 from shigoto.job import Job, JobState
 
 log = logging.getLogger("shigoto.executor")
@@ -110,29 +104,13 @@ def _trim(exc: traceback.TracebackException, seen: set[int]) -> None:
 
 
 def job_traceback(error: BaseException, limit: int = MAX_TRACEBACK_CHARS) -> str:
-    """The traceback stored with a failed attempt: `shigoto.errors.error_traceback` (its last
-    `limit` bytes, each line cut), starting at the user's frame (`_trim`): the seven frames of
+    """The traceback stored with a failed attempt: `shigoto.errors.bounded_traceback` (its
+    last `limit` bytes, each line cut), starting at the user's frame (`_trim`): the seven frames of
     executor, thread pool and worker call above it told nothing and pushed the user's frame
     below the fold of the dashboard's job page (issue 25)."""
     exc = traceback.TracebackException.from_exception(error)
     _trim(exc, set())
-    lines = [_cut_line(line) for chunk in exc.format()
-             for line in chunk.splitlines(keepends=True)]  # fmt: skip
-    kept: list[str] = []
-    size = 0
-    for line in reversed(lines):
-        size += utf8_size(line)
-        if size > limit:
-            kept.append("… [earlier frames cut]\n")
-            break
-        kept.append(line)
-    return "".join(reversed(kept))
-
-
-def _cut_line(line: str) -> str:
-    """One line of a traceback, cut as `shigoto.errors.error_traceback` cuts it."""
-    cut = cut_text(line, MAX_TRACEBACK_LINE_BYTES)
-    return cut + "\n" if line.endswith("\n") and not cut.endswith("\n") else cut
+    return bounded_traceback(exc, limit)
 
 
 def bounded_reason(text: str) -> str:

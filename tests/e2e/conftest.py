@@ -373,25 +373,23 @@ def undeploy_operator(kube: Kube) -> None:
     scale_operator(kube, 0)
 
 
-@pytest.fixture
-def operator_in_cluster(installed: Kube, images: None, tmp_path: Path) -> Iterator[Kube]:
-    """One operator replica from its image, through deploy/ (the dashboard turned on)."""
+def _deployed(installed: Kube, tmp_path: Path, replicas: int) -> Iterator[Kube]:
     overlay = tmp_path / "overlay"
     overlay.mkdir()
-    deploy_operator(installed, overlay, replicas=1)
+    deploy_operator(installed, overlay, replicas=replicas)
     try:
         yield installed
     finally:
         undeploy_operator(installed)
+
+
+@pytest.fixture
+def operator_in_cluster(installed: Kube, images: None, tmp_path: Path) -> Iterator[Kube]:
+    """One operator replica from its image, through deploy/ (the dashboard turned on)."""
+    yield from _deployed(installed, tmp_path, replicas=1)
 
 
 @pytest.fixture
 def operators_in_cluster(installed: Kube, images: None, tmp_path: Path) -> Iterator[Kube]:
     """The operator as deploy/ ships it: two replicas from its image, one acting."""
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    deploy_operator(installed, overlay, replicas=2)
-    try:
-        yield installed
-    finally:
-        undeploy_operator(installed)
+    yield from _deployed(installed, tmp_path, replicas=2)

@@ -67,6 +67,7 @@ NAMES: dict[str, str] = {
     "asyncio": "time",  # for asyncio.sleep, the only asyncio call the sources make
     # shigoto
     "async_pool": "sync_pool",
+    "async_connection": "sync_connection",
     "arun": "run",
     "ainsert": "insert",
     "_awrite_many": "_write_many",

@@ -21,7 +21,7 @@ from typing import Any, Literal, overload
 import psycopg
 
 from shigoto import middleware
-from shigoto.client import interception
+from shigoto.client import connection_adapters, interception
 from shigoto.client.enqueue_plan import (
     AsyncWrite,
     Returning,
@@ -162,7 +162,8 @@ async def _awrite(
     on a pooled connection held for this call only."""
     name, url = target(schema, database_url, conn)
     if conn is not None:
-        return await inserts.ainsert(conn, specs, schema=name, source=source, jobs=jobs)
+        joined = await connection_adapters.async_connection(conn)
+        return await inserts.ainsert(joined, specs, schema=name, source=source, jobs=jobs)
     assert url is not None
     pool = await database.async_pool(url)
     async with pool.connection() as c:

@@ -24,7 +24,7 @@ from typing import Any, Literal, overload
 import psycopg
 
 from shigoto import middleware
-from shigoto.client import interception
+from shigoto.client import connection_adapters, interception
 from shigoto.client.enqueue_plan import (
     Returning,
     Write,
@@ -161,7 +161,8 @@ def _write(
     on a pooled connection held for this call only."""
     name, url = target(schema, database_url, conn)
     if conn is not None:
-        return inserts.insert(conn, specs, schema=name, source=source, jobs=jobs)
+        joined = connection_adapters.sync_connection(conn)
+        return inserts.insert(joined, specs, schema=name, source=source, jobs=jobs)
     assert url is not None
     pool = database.sync_pool(url)
     with pool.connection() as c:

@@ -66,6 +66,25 @@ LATENCY_GAP = (0.002, 0.010)
 # -- shared by every part -------------------------------------------------------------------
 
 
+def _meter(url: str) -> Any:
+    """A started `bench_costs.Meter` (server CPU, WAL, this process's CPU), loaded by path:
+    the peers' virtualenv has psycopg but not Shigoto, and all three must be measured by
+    the same code."""
+    import importlib.util
+
+    module = sys.modules.get("bench_costs")
+    if module is None:
+        path = ROOT / "runner" / "shigoto" / "cli" / "bench_costs.py"
+        spec = importlib.util.spec_from_file_location("bench_costs", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["bench_costs"] = module
+        spec.loader.exec_module(module)
+    meter = module.Meter(url)
+    meter.start()
+    return meter
+
+
 def _percentile(values: list[float], pct: float) -> float | None:
     """Nearest-rank percentile of `values` (any order)."""
     if not values:
@@ -227,6 +246,7 @@ async def _pgqueuer_part(figure: str, url: str, args: argparse.Namespace) -> dic
         if figure == "bulk":
             await queries.enqueue(["noop"], [_pgq_payload(-1)], [0])  # warm up
             await queries.clear_queue()
+            meter = _meter(url)
             started = time.perf_counter()
             for start in range(0, args.bulk, args.batch):
                 size = min(args.batch, args.bulk - start)
@@ -234,16 +254,18 @@ async def _pgqueuer_part(figure: str, url: str, args: argparse.Namespace) -> dic
                                       [_pgq_payload(start + i) for i in range(size)],
                                       [0] * size)  # fmt: skip
             seconds = time.perf_counter() - started
-            return {"jobs": args.bulk, "seconds": seconds, "jobs_per_s": args.bulk / seconds}
+            return {"jobs": args.bulk, "seconds": seconds, "jobs_per_s": args.bulk / seconds,
+                    **meter.stop(args.bulk)}  # fmt: skip
         if figure == "single":
             await queries.enqueue("noop", _pgq_payload(-1))
             await queries.clear_queue()
+            meter = _meter(url)
             started = time.perf_counter()
             for n in range(args.single):
                 await queries.enqueue("noop", _pgq_payload(n))
             seconds = time.perf_counter() - started
             return {"jobs": args.single, "seconds": seconds,
-                    "jobs_per_s": args.single / seconds}  # fmt: skip
+                    "jobs_per_s": args.single / seconds, **meter.stop(args.single)}  # fmt: skip
         if figure == "process":
             return await _pgqueuer_process(url, queries, args)
         return await _pgqueuer_pickup(url, queries, args)
@@ -284,17 +306,19 @@ async def _pgqueuer_process(url: str, queries: Any, args: argparse.Namespace) ->
         if not first:
             first.append(time.perf_counter())
 
+    meter = _meter(url)
     worker_conn = await asyncpg.connect(url)
     qm = _pgq_manager(worker_conn, record)
     await qm.run(batch_size=_pgq_batch(args.concurrency), mode=QueueExecutionMode.drain,
                  max_concurrent_tasks=args.concurrency)  # fmt: skip
     done = time.perf_counter()  # drain: queue empty, tasks finished, buffers flushed
+    costs = meter.stop(args.jobs)
     await worker_conn.close()
     left = await queries.queue_size()
     seconds = done - first[0]
     return {"jobs": args.jobs, "concurrency": args.concurrency,
             "batch_size": _pgq_batch(args.concurrency), "seconds": seconds,
-            "jobs_per_s": args.jobs / seconds,
+            "jobs_per_s": args.jobs / seconds, **costs,
             "left_in_queue": sum(s.count for s in left)}  # fmt: skip
 
 
@@ -373,31 +397,37 @@ async def _procrastinate_part(figure: str, url: str, args: argparse.Namespace) -
         if figure == "bulk":
             await noop.batch_defer_async({"n": -1})
             await _procrastinate_reset(app)
+            meter = _meter(url)
             started = time.perf_counter()
             for start in range(0, args.bulk, args.batch):
                 size = min(args.batch, args.bulk - start)
                 await noop.batch_defer_async(*({"n": start + i} for i in range(size)))
             seconds = time.perf_counter() - started
-            return {"jobs": args.bulk, "seconds": seconds, "jobs_per_s": args.bulk / seconds}
+            return {"jobs": args.bulk, "seconds": seconds, "jobs_per_s": args.bulk / seconds,
+                    **meter.stop(args.bulk)}  # fmt: skip
         if figure == "single":
             await noop.defer_async(n=-1)
             await _procrastinate_reset(app)
+            meter = _meter(url)
             started = time.perf_counter()
             for n in range(args.single):
                 await noop.defer_async(n=n)
             seconds = time.perf_counter() - started
             return {"jobs": args.single, "seconds": seconds,
-                    "jobs_per_s": args.single / seconds}  # fmt: skip
+                    "jobs_per_s": args.single / seconds, **meter.stop(args.single)}  # fmt: skip
         if figure == "process":
             for start in range(0, args.jobs, args.batch):
                 size = min(args.batch, args.jobs - start)
                 await noop.batch_defer_async(*({"n": start + i} for i in range(size)))
+            meter = _meter(url)
             await app.run_worker_async(queues=[QUEUE], concurrency=args.concurrency, wait=False,
                                        install_signal_handlers=False)  # fmt: skip
             done = time.perf_counter()
+            costs = meter.stop(args.jobs)
             seconds = done - first[0]
             return {"jobs": args.jobs, "concurrency": args.concurrency, "seconds": seconds,
-                    "jobs_per_s": args.jobs / seconds, "started": len(started_at)}  # fmt: skip
+                    "jobs_per_s": args.jobs / seconds, "started": len(started_at),
+                    **costs}  # fmt: skip
         worker = asyncio.create_task(app.run_worker_async(
             queues=[QUEUE], concurrency=10, install_signal_handlers=False))  # fmt: skip
         await asyncio.sleep(0.5)
@@ -464,29 +494,39 @@ def _run_part(system: str, action: str, url: str, args: argparse.Namespace,
     return json.loads(lines[-1]) if lines else {}
 
 
-def _figures(concurrencies: list[int]) -> list[tuple[str, str, int]]:
-    """(label, figure, concurrency) in the order the table shows them."""
-    return ([("bulk enqueue, jobs/s", "bulk", 10),
-             ("bulk enqueue, Shigoto returning Job objects, jobs/s", "bulk", 10),
-             ("single enqueue (1 tx each), jobs/s", "single", 10),
-             ("single enqueue, one connection (Shigoto conn=), jobs/s", "single", 10)]
-            + [(f"processing, concurrency {c}, jobs/s", "process", c) for c in concurrencies]
-            + [("pickup latency p50, ms", "pickup", 10),
-               ("pickup latency p99, ms", "pickup", 10)])  # fmt: skip
+COSTS = (("server CPU", "server_cpu_us_per_job", "µs"), ("WAL", "wal_bytes_per_job", "bytes"),
+         ("client CPU", "client_cpu_us_per_job", "µs"))  # fmt: skip
 
 
-def _value(label: str, result: dict[str, Any]) -> float | None:
-    """A figure's value in one part's result. The rows only Shigoto has a variant for give
-    the peers' one way (PgQueuer's single enqueue already runs on one connection)."""
-    if label.startswith("bulk enqueue, Shigoto returning"):
-        return result.get("jobs_returned_per_s", result.get("jobs_per_s"))
-    if label.startswith("single enqueue, one connection"):
-        return result.get("one_connection_per_s", result.get("jobs_per_s"))
-    if label.startswith("pickup latency p50"):
-        return result.get("ms_p50")
-    if label.startswith("pickup latency p99"):
-        return result.get("ms_p99")
-    return result.get("jobs_per_s")
+def _figures(concurrencies: list[int]) -> list[tuple[str, str, int, tuple[str, ...]]]:
+    """(label, figure, concurrency, result keys tried in order) in the table's order: the
+    wall figures, then each phase's cost per job (lower is better; for processing, the
+    client is the runner)."""
+    wall = ([("bulk enqueue, jobs/s", "bulk", 10, ("jobs_per_s",)),
+             ("bulk enqueue, Shigoto returning Job objects, jobs/s", "bulk", 10,
+              ("jobs_returned_per_s", "jobs_per_s")),
+             ("single enqueue (1 tx each), jobs/s", "single", 10, ("jobs_per_s",)),
+             ("single enqueue, one connection (Shigoto conn=), jobs/s", "single", 10,
+              ("one_connection_per_s", "jobs_per_s"))]
+            + [(f"processing, concurrency {c}, jobs/s", "process", c, ("jobs_per_s",))
+               for c in concurrencies]
+            + [("pickup latency p50, ms", "pickup", 10, ("ms_p50",)),
+               ("pickup latency p99, ms", "pickup", 10, ("ms_p99",))])  # fmt: skip
+    phases = [("bulk", 10, "bulk enqueue"), ("single", 10, "single enqueue")] + [
+        ("process", c, f"processing C={c}") for c in concurrencies]  # fmt: skip
+    costs = [(f"{what} per job, {name}, {unit}", figure, c, (key,))
+             for figure, c, name in phases for what, key, unit in COSTS]  # fmt: skip
+    return wall + costs
+
+
+def _value(keys: tuple[str, ...], result: dict[str, Any]) -> float | None:
+    """A figure's value in one part's result: the first of `keys` it has. The rows only
+    Shigoto has a variant for give the peers' one way (PgQueuer's single enqueue already
+    runs on one connection)."""
+    for key in keys:
+        if isinstance(result.get(key), int | float):
+            return float(result[key])
+    return None
 
 
 def _versions() -> dict[str, str]:
@@ -509,7 +549,7 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
         _run_part(system, "setup", urls[system], args)
     concurrencies = [int(c) for c in args.concurrency_list.split(",")]
     wanted = set(args.figures.split(","))
-    phases = [p for p in dict.fromkeys((figure, c) for _, figure, c in _figures(concurrencies))
+    phases = [p for p in dict.fromkeys((f, c) for _, f, c, _ in _figures(concurrencies))
               if p[0] in wanted]  # fmt: skip
     raw: dict[str, list[dict[str, Any]]] = {}
     loads = [os.getloadavg()[0]]
@@ -522,12 +562,12 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"run {run + 1} {key}: {json.dumps(_brief(result))}", file=sys.stderr)
         loads.append(os.getloadavg()[0])
     table = []
-    for label, figure, c in _figures(concurrencies):
+    for label, figure, c, keys in _figures(concurrencies):
         if figure not in wanted:
             continue
         row: dict[str, Any] = {"figure": label}
         for system in systems:
-            values = [_value(label, r) for r in raw[f"{system}/{figure}/{c}"]]
+            values = [_value(keys, r) for r in raw[f"{system}/{figure}/{c}"]]
             values = [v for v in values if v is not None]
             row[system] = statistics.median(values) if values else None
             row[f"{system}_runs"] = values
@@ -538,7 +578,8 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _brief(result: dict[str, Any]) -> dict[str, Any]:
-    keys = ("jobs_per_s", "ms_p50", "ms_p99", "client_cpu_us_per_job")
+    keys = ("jobs_per_s", "ms_p50", "ms_p99", "server_cpu_us_per_job", "wal_bytes_per_job",
+            "client_cpu_us_per_job")  # fmt: skip
     return {k: round(result[k], 2) for k in keys if isinstance(result.get(k), int | float)}
 
 
@@ -552,8 +593,9 @@ def render(report: dict[str, Any]) -> str:
         cells = [row["figure"]]
         for s in systems:
             v = row[s]
-            cells.append("n/a" if v is None else (f"{v:,.0f}" if "jobs/s" in row["figure"]
-                                                   else f"{v:.2f}"))  # fmt: skip
+            spec = ",.0f" if row["figure"].endswith(("jobs/s", "bytes")) else (
+                ",.1f" if row["figure"].endswith("µs") else ".2f")  # fmt: skip
+            cells.append("n/a" if v is None else f"{v:{spec}}")
         if len(head) > len(cells):
             a, b = row["shigoto"], row["pgqueuer"]
             cells.append(f"{a / b:.2f}" if a and b else "n/a")

@@ -42,6 +42,7 @@ import psycopg
 from psycopg import sql
 
 from shigoto import config, telemetry
+from shigoto.cli import bench_costs
 from shigoto.client.enqueuing import enqueue, enqueue_many
 from shigoto.db import database, embedded
 from shigoto.db.migrate import migrate
@@ -173,11 +174,6 @@ def _percentile(sorted_values: list[float], pct: float) -> float | None:
     return round(sorted_values[rank - 1], 3)
 
 
-def _per_job_us(cpu_seconds: float, count: int) -> float:
-    """This process's CPU time per job: steadier than wall time on a busy machine."""
-    return round(cpu_seconds / max(count, 1) * 1e6, 1)
-
-
 def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -207,18 +203,21 @@ def measure_bulk(url: str, cfg: BenchConfig, progress: Progress) -> dict[str, An
     _reset(url, cfg.schema)
     load = _load()
     returning: Any = cfg.bulk_returning
+    meter = bench_costs.Meter(url)
     with progress.phase("bulk enqueue (COPY)", cfg.bulk_jobs) as advance:
-        started, cpu = time.perf_counter(), time.process_time()
+        meter.start()
+        started = time.perf_counter()
         for batch in batches:
             enqueue_many(batch, database_url=url, schema=cfg.schema, returning=returning)
             advance(len(batch))
-        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        seconds = time.perf_counter() - started
+        costs = meter.stop(cfg.bulk_jobs)
     inserted = _count(url, cfg.schema, "available")
     return {
         "jobs": cfg.bulk_jobs, "batch": min(cfg.bulk_batch, cfg.bulk_jobs), "inserted": inserted,
         "returning": cfg.bulk_returning,
-        "seconds": round(seconds, 3), "jobs_per_s": _rate(cfg.bulk_jobs, seconds),
-        "client_cpu_us_per_job": _per_job_us(cpu, cfg.bulk_jobs), "load_before": load,
+        "seconds": round(seconds, 3), "jobs_per_s": _rate(cfg.bulk_jobs, seconds), **costs,
+        "load_before": load,
     }  # fmt: skip
 
 
@@ -229,18 +228,20 @@ def measure_single(url: str, cfg: BenchConfig, progress: Progress) -> dict[str, 
     _reset(url, cfg.schema)
     load = _load()
     step = max(cfg.single_jobs // 100, 1)
+    meter = bench_costs.Meter(url)
     with progress.phase("single enqueue (1 tx each)", cfg.single_jobs) as advance:
-        started, cpu = time.perf_counter(), time.process_time()
+        meter.start()
+        started = time.perf_counter()
         for i in range(cfg.single_jobs):
             enqueue(noop.name, {"n": i}, queue=QUEUE, database_url=url, schema=cfg.schema)
             if (i + 1) % step == 0:
                 advance(step)
-        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        seconds = time.perf_counter() - started
+        costs = meter.stop(cfg.single_jobs)
     inserted = _count(url, cfg.schema, "available")
     return {
         "jobs": cfg.single_jobs, "inserted": inserted, "seconds": round(seconds, 3),
-        "jobs_per_s": _rate(cfg.single_jobs, seconds),
-        "client_cpu_us_per_job": _per_job_us(cpu, cfg.single_jobs), "load_before": load,
+        "jobs_per_s": _rate(cfg.single_jobs, seconds), **costs, "load_before": load,
     }  # fmt: skip
 
 
@@ -275,8 +276,10 @@ async def _process(url: str, cfg: BenchConfig, advance: Callable[..., None]) -> 
 
     handle = telemetry.attach(on_event, ["producer.claim", "completer.flush"])
     runner = _runner(url, cfg)
+    meter = bench_costs.Meter(url)
     try:
-        started, cpu = time.perf_counter(), time.process_time()
+        meter.start()
+        started = time.perf_counter()
         task = asyncio.create_task(runner.run())
         waiter = asyncio.create_task(done.wait())
         await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -284,7 +287,7 @@ async def _process(url: str, cfg: BenchConfig, advance: Callable[..., None]) -> 
             waiter.cancel()
             task.result()  # the runner died: raise its error
             raise RuntimeError("the runner stopped before every job was processed")
-        cpu = time.process_time() - cpu  # includes the runner's start-up
+        costs = meter.stop(count)  # includes the runner's start-up
         await runner.stop()
         await task
     finally:
@@ -293,7 +296,7 @@ async def _process(url: str, cfg: BenchConfig, advance: Callable[..., None]) -> 
     claims.sort()
     return {
         "jobs": count, "concurrency": cfg.concurrency, "seconds": round(busy, 3),
-        "jobs_per_s": _rate(count, busy), "client_cpu_us_per_job": _per_job_us(cpu, count),
+        "jobs_per_s": _rate(count, busy), **costs,
         "claims": len(claims), "jobs_per_claim": round(count / max(len(claims), 1), 1),
         "claim_ms_p50": _percentile(claims, 50), "claim_ms_p95": _percentile(claims, 95),
         "startup_seconds": round(marks["first_claim"] - started, 3),
@@ -617,7 +620,8 @@ def render(report: dict[str, Any]) -> None:
     pg = env["postgresql"]
     table = Table(title="shigoto bench", title_justify="left")
     for name, justify in (("figure", "left"), ("value", "right"), ("target", "right"),
-                          ("client CPU/job", "right"), ("details", "left")):  # fmt: skip
+                          ("client CPU/job", "right"), ("server CPU/job", "right"),
+                          ("WAL/job", "right"), ("details", "left")):  # fmt: skip
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     b, s, p, lat = (report[k] for k in ("bulk_enqueue", "single_enqueue", "processing",
                                          "pickup_latency"))  # fmt: skip
@@ -625,24 +629,30 @@ def render(report: dict[str, Any]) -> None:
     def cpu(phase: dict[str, Any]) -> str:
         return _num(phase.get("client_cpu_us_per_job"), ",.1f", " µs")
 
-    table.add_row("bulk enqueue", _num(b["jobs_per_s"], ",.0f", " jobs/s"), "≥ 80,000", cpu(b),
+    def server(phase: dict[str, Any]) -> tuple[str, str]:
+        return (_num(phase.get("server_cpu_us_per_job"), ",.1f", " µs"),
+                _num(phase.get("wal_bytes_per_job"), ",.0f", " B"))  # fmt: skip
+
+    table.add_row("bulk enqueue", _num(b["jobs_per_s"], ",.0f", " jobs/s"), "≥ 80,000",
+                  cpu(b), *server(b),
                   f"{b['jobs']:,} jobs, batches of {b['batch']:,}, returning "
                   f"{b.get('returning', 'jobs')}")  # fmt: skip
     table.add_row("single enqueue", _num(s["jobs_per_s"], ",.0f", " jobs/s"), "≥ 2,500",
-                  cpu(s), f"{s['jobs']:,} calls, 1 tx each")  # fmt: skip
-    table.add_row("processing", _num(p["jobs_per_s"], ",.0f", " jobs/s"), "≥ 10,000", cpu(p),
+                  cpu(s), *server(s), f"{s['jobs']:,} calls, 1 tx each")  # fmt: skip
+    table.add_row("processing", _num(p["jobs_per_s"], ",.0f", " jobs/s"), "≥ 10,000",
+                  cpu(p), *server(p),
                   f"{p['jobs']:,} no-op jobs, concurrency {p['concurrency']}; "
                   f"claim p50 {_num(p['claim_ms_p50'], '.2f', ' ms')}")  # fmt: skip
-    table.add_row("pickup p50", _num(lat["ms_p50"], ".2f", " ms"), "≤ 3 ms", "",
+    table.add_row("pickup p50", _num(lat["ms_p50"], ".2f", " ms"), "≤ 3 ms", "", "", "",
                   f"{lat['jobs']} jobs, one at a time")  # fmt: skip
-    table.add_row("pickup p95", _num(lat["ms_p95"], ".2f", " ms"), "", "", "")
-    table.add_row("pickup p99", _num(lat["ms_p99"], ".2f", " ms"), "≤ 8 ms", "",
+    table.add_row("pickup p95", _num(lat["ms_p95"], ".2f", " ms"), "", "", "", "", "")
+    table.add_row("pickup p99", _num(lat["ms_p99"], ".2f", " ms"), "≤ 8 ms", "", "", "",
                   f"max {_num(lat['ms_max'], '.2f', ' ms')}")  # fmt: skip
     f = report.get("processing_with_finished")
     if f:
         ratio = _num(f["ratio_to_empty"] and 100 * f["ratio_to_empty"], ".0f", " %")
         table.add_row("processing, finished rows", _num(f["jobs_per_s"], ",.0f", " jobs/s"),
-                      "≥ 90 % of empty", cpu(f),
+                      "≥ 90 % of empty", cpu(f), *server(f),
                       f"{f['finished_rows']:,} finished rows: {ratio} of empty; "
                       f"claim p50 {_num(f['claim_ms_p50'], '.2f', ' ms')}")  # fmt: skip
     console = Console()

@@ -380,26 +380,31 @@ async def test_async_twins_with_and_without_conn(db_url: str, conn: psycopg.Conn
     assert err.value.field == "state"
 
 
-# -- migration 0019 -----------------------------------------------------------------------------
+# -- migrations 0019 and 0028 -------------------------------------------------------------------
 
-LISTING_INDEXES = {
-    "shigoto_jobs_queue_list_idx", "shigoto_jobs_worker_list_idx",
+ARCHIVE_LISTING_INDEXES = {
     "shigoto_jobs_archive_queue_list_idx", "shigoto_jobs_archive_worker_list_idx",
     "shigoto_jobs_archive_state_list_idx", "shigoto_jobs_archive_tags_idx",
 }  # fmt: skip
+LIVE_LISTING_INDEXES = {"shigoto_jobs_queue_list_idx", "shigoto_jobs_worker_list_idx"}
 
 
-def test_migration_0019_makes_the_listing_indexes_and_runs_again_unchanged(
+def test_only_the_archive_keeps_listing_indexes_and_both_migrations_run_again_unchanged(
     conn: psycopg.Connection,
 ) -> None:
+    """0019 made (queue, id) and (worker, id) indexes on both tables; 0028 drops the live
+    table's, which every claim and completion wrote for nothing but listing (issue 26)."""
     def listing_indexes() -> set[str]:
         rows = conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = 'public'"
-                            " AND indexname = ANY(%s)", (sorted(LISTING_INDEXES),))  # fmt: skip
+                            " AND indexname = ANY(%s)",
+                            (sorted(ARCHIVE_LISTING_INDEXES | LIVE_LISTING_INDEXES),))  # fmt: skip
         return {r[0] for r in rows}
 
-    assert listing_indexes() == LISTING_INDEXES
+    assert listing_indexes() == ARCHIVE_LISTING_INDEXES
     run_steps(conn, 19)
-    assert listing_indexes() == LISTING_INDEXES
+    assert listing_indexes() == ARCHIVE_LISTING_INDEXES | LIVE_LISTING_INDEXES
+    run_steps(conn, 28)
+    assert listing_indexes() == ARCHIVE_LISTING_INDEXES
 
 
 # -- migration 0022 -----------------------------------------------------------------------------

@@ -164,18 +164,18 @@ def test_an_invalid_index_left_by_an_interrupted_build_is_built_again(
         # A build that fails half-way leaves its index behind, marked invalid, under the name
         # the migration uses; IF NOT EXISTS alone would then skip the build for good.
         with pytest.raises(psycopg.errors.UniqueViolation):
-            conn.execute("CREATE UNIQUE INDEX CONCURRENTLY shigoto_jobs_queue_list_idx "
+            conn.execute("CREATE UNIQUE INDEX CONCURRENTLY shigoto_jobs_workflow_idx "
                          "ON shigoto_jobs (queue)")  # fmt: skip
-    assert invalid_indexes(empty_db_url) == ["shigoto_jobs_queue_list_idx"]
+    assert invalid_indexes(empty_db_url) == ["shigoto_jobs_workflow_idx"]
 
     shigoto.migrate(empty_db_url)
 
     assert invalid_indexes(empty_db_url) == []
     with psycopg.connect(empty_db_url) as conn:
         definition = conn.execute(
-            "SELECT indexdef FROM pg_indexes WHERE indexname = 'shigoto_jobs_queue_list_idx'"
+            "SELECT indexdef FROM pg_indexes WHERE indexname = 'shigoto_jobs_workflow_idx'"
         ).fetchone()
-    assert definition is not None and "(queue, id)" in definition[0]
+    assert definition is not None and "'workflow'" in definition[0]
 
 
 def test_an_upgrade_cut_short_runs_each_transactional_step_once(

@@ -278,14 +278,30 @@ SELECT queue, state, count(*) FROM ({_RECENT_FINISHED.format()}) AS recent
 GROUP BY queue, state ORDER BY queue, state
 """
 
-# Every queue that has a job in the live table, finished ones included, without reading the
-# finished rows: a loose index scan of (queue, id) (migration 0019), one probe per queue.
-JOB_QUEUES_CTE = """
-job_queues AS (
-    (SELECT queue FROM {jobs} ORDER BY queue LIMIT 1)
+# Every queue that has a job in the live table, without reading the finished rows at large:
+# a loose index scan of the claim index for available jobs (one probe per queue), the other
+# live states from their partial indexes (their rows are few next to the finished ones), and
+# the queues of the newest finished rows (the finished index, read backwards, at most
+# RECENT_QUEUE_ROWS rows) or of the stats sampled in the last day. A queue whose only rows
+# finished long ago, and quietly, is not listed: nothing in it is left to run or to watch.
+# No index on (queue) covers every row since migration 0028 (the hot path paid for it).
+RECENT_QUEUE_ROWS = 10_000
+JOB_QUEUES_CTE = f"""
+available_queues AS (
+    (SELECT queue FROM {{jobs}} WHERE state = 'available' ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.queue FROM {jobs} AS j WHERE j.queue > q.queue ORDER BY j.queue LIMIT 1)
-    FROM job_queues AS q WHERE q.queue IS NOT NULL
+    SELECT (SELECT j.queue FROM {{jobs}} AS j
+            WHERE j.state = 'available' AND j.queue > q.queue ORDER BY j.queue LIMIT 1)
+    FROM available_queues AS q WHERE q.queue IS NOT NULL
+),
+job_queues AS (
+    SELECT queue FROM available_queues
+    UNION SELECT queue FROM {{jobs}} WHERE state IN ('scheduled', 'retryable')
+    UNION SELECT queue FROM {{jobs}} WHERE state = 'executing'
+    UNION SELECT queue FROM (
+        SELECT queue FROM {{jobs}} WHERE state IN ('completed', 'discarded', 'cancelled')
+        ORDER BY finished_at DESC LIMIT {RECENT_QUEUE_ROWS}) AS recent
+    UNION SELECT queue FROM {{stats}} WHERE at > now() - interval '1 day'
 )"""
 
 JOB_QUEUES = f"""

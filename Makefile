@@ -49,7 +49,7 @@ demo: $(STAMP)
 # Measured on this 2-core machine: -n 2 309 s, -n 3 226 s and 243 s, both green; -n 4 199 s
 # but timing-bound tests failed under the CPU contention.
 test: $(STAMP) system-tools
-	$(BIN)/ruff check runner operator tests tools
+	$(BIN)/ruff check runner operator tests tools examples
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q -n 3 $$(cat $(SKIPPED))
 

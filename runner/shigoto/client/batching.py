@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 
 from shigoto import config, jobspec, telemetry
-from shigoto.client import enqueuing
+from shigoto.client import connection_adapters, enqueuing
 from shigoto.db import database, steps
 from shigoto.errors import ValidationError
 from shigoto.job import Job
@@ -178,7 +178,7 @@ class Batch(_BatchBase):
 
     def _run(self, work: steps.Steps[Any]) -> Any:
         if self._conn is not None:
-            return steps.run(self._conn, work)
+            return steps.run(connection_adapters.sync_connection(self._conn), work)
         assert self._url is not None
         with database.sync_pool(self._url).connection() as conn, conn.transaction():
             return steps.run(conn, work)
@@ -249,7 +249,7 @@ class AsyncBatch(_BatchBase):
 
     async def _run(self, work: steps.Steps[Any]) -> Any:
         if self._conn is not None:
-            return await steps.arun(self._conn, work)
+            return await steps.arun(await connection_adapters.async_connection(self._conn), work)
         assert self._url is not None
         pool = await database.async_pool(self._url)
         async with pool.connection() as conn, conn.transaction():

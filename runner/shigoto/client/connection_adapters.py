@@ -30,9 +30,19 @@ SyncAdapter = Callable[[Any], psycopg.Connection[Any]]
 AsyncAdapter = Callable[[Any], Awaitable[psycopg.AsyncConnection[Any]]]
 
 
-def _framework(conn: Any) -> str:
-    """The top-level package of the object's type: the entry point's name."""
-    return type(conn).__module__.partition(".")[0]
+def _frameworks(conn: Any) -> list[str]:
+    """The top-level packages of the object's type and its bases, nearest first: the entry
+    point names to try, so a subclass (SQLModel's `Session`, an app's own) finds its base's."""
+    found = [klass.__module__.partition(".")[0] for klass in type(conn).__mro__]
+    return list(dict.fromkeys(name for name in found if name != "builtins"))
+
+
+def _find(group: str, conn: Any) -> Callable[[Any], Any] | None:
+    for framework in _frameworks(conn):
+        adapter = _adapter(group, framework)
+        if adapter is not None:
+            return adapter
+    return None
 
 
 @cache
@@ -58,7 +68,7 @@ def sync_connection(conn: Any) -> psycopg.Connection[Any]:
     """The psycopg connection to insert on for the `conn=` the caller passed."""
     if isinstance(conn, psycopg.Connection):
         return conn
-    adapter = _adapter(SYNC_GROUP, _framework(conn))
+    adapter = _find(SYNC_GROUP, conn)
     if adapter is None:
         raise _refusal(conn, asynchronous=False)
     joined: psycopg.Connection[Any] = adapter(conn)
@@ -69,7 +79,7 @@ async def async_connection(conn: Any) -> psycopg.AsyncConnection[Any]:
     """The psycopg async connection to insert on for the `conn=` the caller passed."""
     if isinstance(conn, psycopg.AsyncConnection):
         return conn
-    adapter = _adapter(ASYNC_GROUP, _framework(conn))
+    adapter = _find(ASYNC_GROUP, conn)
     if adapter is None:
         raise _refusal(conn, asynchronous=True)
     joined: psycopg.AsyncConnection[Any] = await adapter(conn)

@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 
 from shigoto import config
+from shigoto.client import connection_adapters
 from shigoto.client.job_filters import (
     DEFAULT_LIMIT,
     deletable,
@@ -50,7 +51,7 @@ async def _aborrow(
     """The caller's connection as it is (its transaction, if any), else a pooled autocommit
     one, held only for this call."""
     if conn is not None:
-        yield conn
+        yield await connection_adapters.async_connection(conn)  # a framework's: joined
         return
     pool = await database.async_pool(config.database_url(database_url))
     async with pool.connection() as pooled:

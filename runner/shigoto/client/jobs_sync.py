@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 
 from shigoto import config
+from shigoto.client import connection_adapters
 from shigoto.client.job_filters import (
     DEFAULT_LIMIT,
     deletable,
@@ -53,7 +54,7 @@ def _borrow(
     """The caller's connection as it is (its transaction, if any), else a pooled autocommit
     one, held only for this call."""
     if conn is not None:
-        yield conn
+        yield connection_adapters.sync_connection(conn)  # a framework's: joined
         return
     pool = database.sync_pool(config.database_url(database_url))
     with pool.connection() as pooled:

@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 
 from shigoto import telemetry
-from shigoto.client import enqueue_plan, enqueuing, interception
+from shigoto.client import connection_adapters, enqueue_plan, enqueuing, interception
 from shigoto.db import database, inserts
 from shigoto.errors import ValidationError
 from shigoto.job import Job
@@ -133,6 +133,7 @@ class Workflow:
             return self._insert(levels, lambda specs: enqueuing.through(specs, record))
         name, url = enqueue_plan.target(schema, database_url, conn)
         if conn is not None:
+            conn = connection_adapters.sync_connection(conn)  # a framework's, joined
             if inserts.caller_commits(conn):
                 return self._insert(levels, self._writer(conn, name))
             with conn.transaction():
@@ -197,6 +198,7 @@ class Workflow:
             return jobs
         name, url = enqueue_plan.target(schema, database_url, conn)
         if conn is not None:
+            conn = await connection_adapters.async_connection(conn)  # a framework's, joined
             if inserts.caller_commits(conn):
                 return await self._ainsert(conn, name, levels)
             async with conn.transaction():

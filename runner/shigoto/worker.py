@@ -489,13 +489,19 @@ class WorkerResolver:
             raise failure
         raise UnknownWorkerError(name)
 
+    def may_import(self, name: str) -> bool:
+        """Whether `prepare` would import anything for `name`: not registered yet, and under
+        an allowed prefix."""
+        return not registry.contains(name) and bool(self.prefixes) and _allowed(
+            name, self.prefixes)  # fmt: skip
+
     async def prepare(self, name: str) -> None:
         """Import the module of `name` on a thread if it may be and is not registered yet.
 
         Failures are left for `__call__` (through the executor) to report as the attempt's
         error, so this never raises for an unknown or broken worker.
         """
-        if registry.contains(name) or not self.prefixes or not _allowed(name, self.prefixes):
+        if not self.may_import(name):
             return
         try:
             await asyncio.to_thread(_import_for, name, self.prefixes)

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 import shigoto
+from shigoto.runtime import heap
 from tests.support.in_process import QUICK, in_process_runners
 from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import wait_until
@@ -22,9 +23,11 @@ WORKERS = "tests.support.process_workers"
 @pytest.fixture
 def unfrozen() -> Iterator[None]:
     """This test process's heap, as the test found it (nothing frozen) and left it."""
+    threshold = gc.get_threshold()
     gc.unfreeze()
     yield
     gc.unfreeze()
+    gc.set_threshold(*threshold)
 
 
 @pytest.mark.slow
@@ -46,7 +49,10 @@ def test_shigoto_run_freezes_its_start_up_heap_before_it_runs_a_job(
 @pytest.mark.usefixtures("db_url", "unfrozen")
 async def test_an_embedded_runner_freezes_only_when_asked() -> None:
     async with in_process_runners([WORKERS], QUICK) as start:
+        young = gc.get_threshold()[0]
         await start({"default": 2})
         assert gc.get_freeze_count() == 0
+        assert gc.get_threshold()[0] == young  # the process's owner's collector, untouched
         await start({"other": 2}, freeze_heap=True)
         assert gc.get_freeze_count() > 10_000
+        assert gc.get_threshold()[0] >= heap.YOUNG_THRESHOLD

@@ -77,12 +77,24 @@ class Admission(Protocol):
     async def admit(self, job: Job) -> Admitted: ...
 
 
+def _always(_job: Job) -> bool:
+    return True
+
+
 class Admissions:
     """The execution chain's step that asks every admission, in order (see the module)."""
 
     def __init__(self, admissions: Sequence[Admission], put_back: PutBack) -> None:
         self.admissions = tuple(admissions)
         self.put_back = put_back
+        #: Each admission's `applies(job)`, if it has one: whether `admit` could answer
+        #: anything but a plain RUN for the job (a limit, a cap, a breaker or the fence).
+        self._gates = tuple(getattr(a, "applies", _always) for a in self.admissions)
+
+    def applies(self, job: Job) -> bool:
+        """Whether any admission has a say on `job`; if none has, the chain leaves this
+        step out for it (`chain.chain`)."""
+        return any(gate(job) for gate in self._gates)
 
     async def __call__(self, job: Job, call_next: Next) -> Completion | None:
         dones: list[Done] = []

@@ -73,6 +73,10 @@ class Bulkheads:
         held = Counter(job.worker for job in self.held() if job.worker in caps)
         return sorted(name for name, count in held.items() if count >= caps[name])
 
+    def applies(self, job: Job) -> bool:
+        """Whether `admit` has anything to do: the job's worker has a cap here."""
+        return bool(getattr(registry.get(job.worker), "concurrency", None))
+
     async def admit(self, job: Job) -> Admitted:
         """The admission: a job over its worker's cap here goes back (available, attempt
         given back), to wait for a free slot here or be taken by another runner."""

@@ -27,6 +27,13 @@ exceptions go through the executor's outcome mapping like the perform's (`Snooze
 `Discard` are outcomes, anything else a failure retried with backoff), and a timeout or an
 operator's cancel stops the whole chain. Internal middlewares never raise for a job: they
 short-circuit with `None` or pass.
+
+A middleware may also say, with a cheap synchronous `applies(job)`, whether it has anything to
+do for a job; the chain then leaves it out for that job. Each layer costs two coroutine frames
+per job even when it only passes the job on, and a no-op job's whole perform costs about as
+much as those frames (issue 26: the runner's CPU per job). One chain is composed per
+combination of layers that apply, so the usual job (no parents, no flow control, its worker
+imported) goes from the producer to the executor through the guards only.
 """
 
 from __future__ import annotations
@@ -51,7 +58,29 @@ class Middleware(Protocol):
 
 
 def chain(middlewares: Sequence[Middleware], terminal: Next) -> Next:
-    """Compose `middlewares` (outermost first) around `terminal`."""
+    """Compose `middlewares` (outermost first) around `terminal`; a middleware with an
+    `applies(job)` is left out of the chain of a job it does not apply to."""
+    gates: list[Callable[[Job], bool] | None] = [getattr(m, "applies", None)
+                                                 for m in middlewares]  # fmt: skip
+    if all(gate is None for gate in gates):
+        return _compose(middlewares, terminal)
+    composed: dict[tuple[bool, ...], Next] = {}
+
+    def handler_for(job: Job) -> Next:
+        key = tuple(gate is None or gate(job) for gate in gates)
+        handler = composed.get(key)
+        if handler is None:
+            wanted = [m for m, on in zip(middlewares, key, strict=True) if on]
+            handler = composed[key] = _compose(wanted, terminal)
+        return handler
+
+    def gated(job: Job) -> Awaitable[Completion | None]:
+        return handler_for(job)(job)
+
+    return gated
+
+
+def _compose(middlewares: Sequence[Middleware], terminal: Next) -> Next:
     handler = terminal
     for middleware in reversed(middlewares):
         handler = _link(middleware, handler)
@@ -71,6 +100,9 @@ class PrepareWorker:
 
     def __init__(self, resolver: WorkerResolver) -> None:
         self.resolver = resolver
+
+    def applies(self, job: Job) -> bool:
+        return self.resolver.may_import(job.worker)
 
     async def __call__(self, job: Job, call_next: Next) -> Completion | None:
         await self.resolver.prepare(job.worker)

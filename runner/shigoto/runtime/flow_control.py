@@ -152,6 +152,12 @@ class FlowControl:
 
     # --- the admission -------------------------------------------------------------------
 
+    def applies(self, job: Job) -> bool:
+        """Whether `admit` has anything to do: a rate limit or a breaker over the job."""
+        worker = registry.get(job.worker)
+        return getattr(worker, "circuit_breaker", None) is not None or bool(
+            self._rate_limits(job, worker))  # fmt: skip
+
     async def admit(self, job: Job) -> Admitted:
         """The admission: a breaker that refuses, or a rate limit whose turn is later, keeps
         the job (deferred to its turn, or handed back); an admitted job of a worker with a

@@ -110,6 +110,10 @@ class GlobalLimits:
         return {name: w.global_concurrency for name, w in registered().items()
                 if w.global_concurrency}  # fmt: skip
 
+    def applies(self, job: Job) -> bool:
+        """Whether `admit` has anything to do: the job counts against a global limit."""
+        return self.limited(job)
+
     async def admit(self, job: Job) -> Admitted:
         """The admission: while fenced, a limited job is kept for the liveness prover to put
         back; a job over its worker's limit is handed back in the transaction that counted."""

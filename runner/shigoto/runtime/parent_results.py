@@ -50,6 +50,9 @@ class ParentResults:
         self.query = encryption_statements.compose_schema(
             encryption_statements.PARENT_RESULTS, stmts.schema)
 
+    def applies(self, job: Job) -> bool:
+        return bool(job.depends_on)
+
     async def __call__(self, job: Job, call_next: Next) -> Completion | None:
         if not job.depends_on:
             return await call_next(job)

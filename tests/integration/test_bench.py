@@ -78,3 +78,44 @@ def test_cli_accepts_the_bench_flags(argv: list[str]) -> None:
 
     args = build_parser().parse_args(argv)
     assert (args.jobs, args.finished, args.json, args.concurrency) == (10, 100, True, 50)
+
+
+def test_feature_phases_run_beside_plain_and_every_job_completes(db_url: str) -> None:
+    """`--features`: the fair queue, rate-limited and workflow phases each process every job
+    they loaded (all four steps of each workflow diamond), with the cost figures and their
+    ratios to the plain phase; again on the finished rows when `finished` is set."""
+    from shigoto.cli import bench_features
+
+    cfg = bench.BenchConfig(
+        bulk_jobs=10, bulk_batch=10, single_jobs=2, process_jobs=24, concurrency=4,
+        latency_jobs=2, latency_gap=(0.001, 0.002), finished=100,
+    )  # fmt: skip
+    report = bench.run(db_url, cfg, features=True)
+
+    json.dumps(report, allow_nan=False)
+    for section in ("features", "features_with_finished"):
+        phases = report[section]
+        assert set(phases) == {"fair_queue", "rate_limited", "workflow"}
+        for name, phase in phases.items():
+            assert phase["jobs"] == 24 and phase["completed"] == 24, (section, name)
+            assert phase["deferred"] == 0, (section, name)  # the limit never holds a job
+            assert phase["jobs_per_s"] > 0 and phase["client_cpu_us_per_job"] > 0
+            assert set(phase["vs_plain"]) == set(bench_features.FIGURES)
+    assert report["processing_with_finished"]["completed"] == 24
+    with psycopg.connect(db_url) as conn:
+        fair = conn.execute("SELECT fair FROM shigoto_queues WHERE name = %s",
+                            (bench_features.FAIR_QUEUE,)).fetchone()  # fmt: skip
+        waiting = conn.execute("SELECT count(*) FROM shigoto_jobs WHERE state <> 'completed'"
+                               " AND queue LIKE 'bench%'").fetchone()  # fmt: skip
+    assert fair == (True,) and waiting == (0,)
+
+
+def test_features_flags_reach_the_bench_command() -> None:
+    """`shigoto bench` parses the feature phases' flags itself."""
+    from shigoto.cli import commands
+
+    args = commands.build_parser().parse_args(
+        ["bench", "--jobs", "10", "--features", "--bench-database", "x"])  # fmt: skip
+    assert args.features and args.bench_database == "x" and args.jobs == 10
+    plain = commands.build_parser().parse_args(["bench"])
+    assert not plain.features and plain.bench_database == "shigoto_bench"

@@ -12,8 +12,12 @@ touches the caller's own data). The phases, each reported with its own figures:
    concurrency; jobs/s from its first claim to the last acknowledged completion;
 4. pickup latency: jobs enqueued one at a time to an idle runner; enqueue call to perform
    start (the `job.start` telemetry event), p50/p95/p99;
-5. optionally (`--finished N`): N finished rows inserted with one INSERT ... SELECT, then
-   processing measured again, to show finished rows do not slow the claim.
+5. optionally (`--finished N`): N finished rows inserted by INSERT ... SELECT (in chunks of
+   `FINISHED_CHUNK`), then processing measured again, to show finished rows do not slow the
+   claim;
+6. optionally (`features=True`, `shigoto bench --features`):
+   processing again with a fair queue, a rate-limited worker and workflows, each beside the
+   plain phase (shigoto.cli.bench_features); with `--finished` also on the finished rows.
 
 `run()` is the reusable core (the smoke test calls it with tiny sizes); `main()` is the CLI.
 Progress goes to stderr (rich); `--json` prints the report as JSON on stdout.
@@ -245,15 +249,19 @@ def measure_single(url: str, cfg: BenchConfig, progress: Progress) -> dict[str, 
     }  # fmt: skip
 
 
-def _runner(url: str, cfg: BenchConfig) -> Any:
+def _runner(url: str, cfg: BenchConfig, queue: str = QUEUE) -> Any:
     from shigoto.runtime.runner import Runner
 
     # As `shigoto run` starts one: its start-up heap frozen (shigoto.runtime.heap).
-    return Runner({QUEUE: cfg.concurrency}, database_url=url, schema=cfg.schema,
+    return Runner({queue: cfg.concurrency}, database_url=url, schema=cfg.schema,
                   auto_migrate=False, freeze_heap=True)  # fmt: skip
 
 
-async def _process(url: str, cfg: BenchConfig, advance: Callable[..., None]) -> dict[str, Any]:
+async def _process(
+    url: str, cfg: BenchConfig, advance: Callable[..., None], queue: str = QUEUE
+) -> dict[str, Any]:
+    """One runner serving `queue` until `process_jobs` jobs are acknowledged (the feature
+    phases of bench_features run it on their own queues)."""
     count = cfg.process_jobs
     done = asyncio.Event()
     marks: dict[str, float] = {}
@@ -275,7 +283,7 @@ async def _process(url: str, cfg: BenchConfig, advance: Callable[..., None]) -> 
             done.set()
 
     handle = telemetry.attach(on_event, ["producer.claim", "completer.flush"])
-    runner = _runner(url, cfg)
+    runner = _runner(url, cfg, queue)
     meter = bench_costs.Meter(url)
     try:
         meter.start()
@@ -387,23 +395,37 @@ def measure_latency(url: str, cfg: BenchConfig, progress: Progress) -> dict[str,
     return result
 
 
-def insert_finished(url: str, schema: str, count: int) -> float:
-    """Insert `count` completed rows in one statement, then VACUUM ANALYZE (as autovacuum
-    would have by the time a table holds that many). Returns the seconds it took."""
+#: Finished rows per INSERT of `insert_finished`: 10 M rows in one statement would be one
+#: transaction of several GB of WAL and one generate_series materialised at once; chunks keep
+#: each commit bounded and let the progress bar move.
+FINISHED_CHUNK = 1_000_000
+
+
+def insert_finished(
+    url: str, schema: str, count: int, advance: Callable[[int], None] | None = None
+) -> float:
+    """Insert `count` completed rows (INSERT ... SELECT over generate_series, in chunks of
+    FINISHED_CHUNK), then VACUUM ANALYZE (as autovacuum would have by the time a table holds
+    that many). Returns the seconds it took; `advance(rows)` after each chunk."""
     started = time.perf_counter()
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL(
-                "INSERT INTO {} (queue, worker, args, state, attempt, max_attempts, scheduled_at,"
-                " inserted_at, attempted_at, completed_at, finished_at, attempted_by)"
-                " SELECT %(queue)s, %(worker)s, jsonb_build_object('n', g), 'completed', 1, 3,"
-                "        now() - interval '1 hour', now() - interval '1 hour',"
-                "        now() - interval '59 minutes', now() - interval '59 minutes',"
-                "        now() - interval '59 minutes', 'bench-history'"
-                " FROM generate_series(1, %(count)s) AS g"
-            ).format(_jobs_table(schema)),
-            {"queue": QUEUE, "worker": noop.name, "count": count},
-        )
+        for first in range(1, count + 1, FINISHED_CHUNK):
+            last = min(first + FINISHED_CHUNK - 1, count)
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (queue, worker, args, state, attempt, max_attempts,"
+                    " scheduled_at, inserted_at, attempted_at, completed_at, finished_at,"
+                    " attempted_by)"
+                    " SELECT %(queue)s, %(worker)s, jsonb_build_object('n', g), 'completed',"
+                    "        1, 3, now() - interval '1 hour', now() - interval '1 hour',"
+                    "        now() - interval '59 minutes', now() - interval '59 minutes',"
+                    "        now() - interval '59 minutes', 'bench-history'"
+                    " FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g"
+                ).format(_jobs_table(schema)),
+                {"queue": QUEUE, "worker": noop.name, "first": first, "last": last},
+            )
+            if advance is not None:
+                advance(last - first + 1)
         conn.execute(sql.SQL("VACUUM ANALYZE {}").format(_jobs_table(schema)))
     return time.perf_counter() - started
 
@@ -412,9 +434,8 @@ def measure_with_finished(
     url: str, cfg: BenchConfig, progress: Progress, empty_rate: float | None
 ) -> dict[str, Any]:
     _reset(url, cfg.schema)
-    with progress.phase(f"insert {cfg.finished:,} finished", 1) as advance:
-        seconds = insert_finished(url, cfg.schema, cfg.finished)
-        advance(1)
+    with progress.phase(f"insert {cfg.finished:,} finished", cfg.finished) as advance:
+        seconds = insert_finished(url, cfg.schema, cfg.finished, advance)
     result = measure_processing(url, cfg, progress, label="processing (+finished)")
     result["completed"] -= cfg.finished
     result["finished_rows"] = cfg.finished
@@ -450,11 +471,14 @@ def environment(url: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def run(url: str, cfg: BenchConfig, progress: Progress | None = None) -> dict[str, Any]:
+def run(
+    url: str, cfg: BenchConfig, progress: Progress | None = None, features: bool = False
+) -> dict[str, Any]:
     """Run every phase against the migrated database at `url`; return the report.
 
     Each phase starts by emptying `shigoto_jobs`: never point this at a database whose jobs
-    you want to keep (the CLI uses a dedicated database).
+    you want to keep (the CLI uses a dedicated database). `features` adds the feature phases
+    (bench_features) after pickup latency, and again after the finished-rows phase.
     """
     progress = progress or Progress(enabled=False)
     report: dict[str, Any] = {"config": asdict(cfg), "environment": environment(url)}
@@ -464,10 +488,20 @@ def run(url: str, cfg: BenchConfig, progress: Progress | None = None) -> dict[st
         _reset(url, cfg.schema)
         report["processing"] = measure_processing(url, cfg, progress)
         report["pickup_latency"] = measure_latency(url, cfg, progress)
+        if features:
+            from shigoto.cli import bench_features
+
+            report["features"] = bench_features.run_features(
+                url, cfg, progress, report["processing"], empty=True
+            )
         if cfg.finished:
             report["processing_with_finished"] = measure_with_finished(
                 url, cfg, progress, report["processing"]["jobs_per_s"]
             )
+            if features:
+                report["features_with_finished"] = bench_features.run_features(
+                    url, cfg, progress, report["processing_with_finished"], empty=False
+                )
     finally:
         database.close_pools()
     report["environment"]["loadavg_after"] = _load()
@@ -655,6 +689,10 @@ def render(report: dict[str, Any]) -> None:
                       "≥ 90 % of empty", cpu(f), *server(f),
                       f"{f['finished_rows']:,} finished rows: {ratio} of empty; "
                       f"claim p50 {_num(f['claim_ms_p50'], '.2f', ' ms')}")  # fmt: skip
+    if "features" in report:
+        from shigoto.cli import bench_features
+
+        bench_features.add_rows(table, report)
     console = Console()
     console.print(table)
     console.print(
@@ -679,15 +717,18 @@ def main(args: argparse.Namespace, database_url: str) -> int:
     logging.getLogger("shigoto").setLevel(logging.WARNING)
     counts = _runner_counts(getattr(args, "runners", None))
     limit = getattr(args, "global_limit", None)
-    url = prepare_database(database_url, cfg.schema)
+    # Both set only by `python -m shigoto.cli.bench_features` (bench_features.add_arguments).
+    features = bool(getattr(args, "features", False))
+    name = getattr(args, "bench_database", None) or BENCH_DATABASE
+    url = prepare_database(database_url, cfg.schema, name)
     try:
         with Progress(enabled=True) as progress:
             if counts:
                 report = run_runners(url, cfg, counts, limit, progress)
             else:
-                report = run(url, cfg, progress)
+                report = run(url, cfg, progress, features)
     finally:
-        drop_database(database_url)
+        drop_database(database_url, name)
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -71,6 +71,7 @@ NAMES: dict[str, str] = {
     "arun": "run",
     "ainsert": "insert",
     "_awrite_many": "_write_many",
+    "_aqueue_priorities": "_queue_priorities",
     "_aborrow": "_borrow",
     "aget_job": "get_job",
     "alist_jobs": "list_jobs",

@@ -108,7 +108,7 @@ PERCENT_PATTERN = r"^[0-9]{1,3}%$"
 
 #: The job states a queue may forward (shigoto.relations.forwarding.FORWARDABLE_STATES; not
 #: imported, to keep this module pure): the final failures only.
-FORWARD_STATES = ("discarded", "cancelled")
+FORWARD_STATES = ("discarded", "cancelled", "completed")
 
 
 # --- building blocks ---------------------------------------------------------------------------
@@ -301,6 +301,42 @@ def _rate_limit() -> dict[str, Any]:
     }
 
 
+#: Most steps of `jobDefaults.backoffSeconds`, and its longest step (a year), as the database
+#: checks them (migration 0029; shigoto.client.queue_defaults, not imported: this is pure).
+MAX_BACKOFF_STEPS = 100
+MAX_BACKOFF_SECONDS = 31536000
+
+
+def _job_defaults() -> dict[str, Any]:
+    """A queue's job defaults (`shigoto.set_queue(max_attempts=, priority=, timeout=,
+    backoff=)`): what its jobs get when neither the enqueue nor the worker says."""
+    return {
+        "type": "object",
+        "description": "What this queue's jobs get when neither their enqueue nor their worker "
+        "sets it (the enqueue's option wins, then the worker's, then these, then Shigoto's "
+        "defaults). A field left out has no queue default.",
+        "properties": {
+            "maxAttempts": _integer("Attempts before a failing job is discarded.", minimum=1),
+            "priority": _integer("Priority of jobs enqueued without one (higher runs first)."),
+            "timeoutSeconds": {
+                "type": "number",
+                "description": "Seconds an attempt may run before it fails as timed out.",
+                "minimum": 0,
+                "exclusiveMinimum": True,
+                "maximum": MAX_BACKOFF_SECONDS,
+            },
+            "backoffSeconds": {
+                "type": "array",
+                "description": "Seconds to wait after failed attempt 1, 2, ...; the last "
+                "step repeats. Example: [5, 30, 300].",
+                "minItems": 1,
+                "maxItems": MAX_BACKOFF_STEPS,
+                "items": {"type": "number", "minimum": 0, "maximum": MAX_BACKOFF_SECONDS},
+            },
+        },
+    }
+
+
 def _conditions() -> dict[str, Any]:
     return {
         "type": "array",
@@ -349,10 +385,12 @@ QUEUE_SCHEMA: dict[str, Any] = {
         "paused": _boolean("Stop claiming new jobs; running jobs finish.", default=False),
         "forward": {
             "type": "object",
-            "description": "Dead-letter forwarding: every job of this queue entering a listed "
-            "state is copied, in the same transaction, into the named queue (same worker and "
-            "args, attempt 0, meta.forwarded_from naming the original). A state left out is "
-            "not forwarded; leave the whole field out to forward nothing.",
+            "description": "Forwarding: every job of this queue entering a listed state is "
+            "copied, in the same transaction, into the named queue (same worker and args, "
+            "attempt 0, meta.forwarded_from naming the original, with its result or errors): "
+            "discarded and cancelled for dead letters, completed for an audit trail or a "
+            "pipeline. A state left out is not forwarded; leave the whole field out to forward "
+            "nothing.",
             # Fixed keys rather than a map: unknown states are then rejected by the schema
             # itself (strict field validation), no rule needed.
             "properties": {
@@ -389,6 +427,7 @@ QUEUE_SCHEMA: dict[str, Any] = {
             default=1,
         ),
         "rateLimit": _rate_limit(),
+        "jobDefaults": _job_defaults(),
         "encryption": {
             "type": "object",
             "description": "Encryption at rest (AES-256-GCM) of job args: the runner pods get "

@@ -17,7 +17,7 @@ from shigoto.client import queue_settings
 from shigoto.errors import ValidationError
 from shigoto_operator.databases import Database
 from shigoto_operator.dbcounts import QUERY_TIMEOUT, Reading
-from shigoto_operator.spec import QueueSpec
+from shigoto_operator.spec import JOB_DEFAULT_FIELDS, QueueSpec
 from shigoto_operator.status import Problem
 
 Emit = Callable[[str, str, str], None]
@@ -56,6 +56,7 @@ async def apply(spec: QueueSpec, db: Database, reading: Reading, emit: Emit) -> 
                 partition_concurrency=spec.partition_concurrency,
                 rate_limit=dict(spec.rate_limit) if spec.rate_limit else None,
                 encrypted=spec.encrypt_queue,
+                **(spec.job_defaults or {}),
             )
             changed = await asyncio.wait_for(write, QUERY_TIMEOUT)
     except _DB_ERRORS as exc:
@@ -82,11 +83,27 @@ async def apply(spec: QueueSpec, db: Database, reading: Reading, emit: Emit) -> 
     if "encrypted" in changed:
         emit("Normal", "EncryptionApplied",
              f"queue {spec.queue_name}: encrypted={str(spec.encrypt_queue).lower()}")  # fmt: skip
+    if changed & JOB_DEFAULT_COLUMNS:
+        emit("Normal", "JobDefaultsApplied",
+             f"queue {spec.queue_name}: {_describe_defaults(spec)}")  # fmt: skip
     flow = sorted(changed & FLOW_SETTINGS)
     if flow:
         emit("Normal", "FlowControlApplied",
              f"queue {spec.queue_name}: {_describe_flow(spec, flow)}")  # fmt: skip
     return None
+
+
+#: The job defaults (`spec.jobDefaults`) as `write_settings` reports them changed.
+JOB_DEFAULT_COLUMNS = frozenset(
+    {"default_max_attempts", "default_priority", "default_timeout", "default_backoff"})  # fmt: skip
+
+
+def _describe_defaults(spec: QueueSpec) -> str:
+    """The queue's job defaults as the Queue spells them, for the Event."""
+    names = {v: k for k, v in JOB_DEFAULT_FIELDS.items()}
+    shown = [f"{names[key]}={value}" for key, value in (spec.job_defaults or {}).items()
+             if value is not None]  # fmt: skip
+    return "jobDefaults " + (", ".join(shown) or "none")
 
 
 #: The flow-control settings (docs/flow-control.md) `write_settings` reports as changed.

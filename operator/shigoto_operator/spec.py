@@ -136,6 +136,12 @@ class QueueSpec:
     weight: int = 1
     partition_concurrency: int | None = None
     rate_limit: Mapping[str, Any] | None = None
+    #: Job defaults (`spec.jobDefaults`), in `shigoto.set_queue`'s keywords: max_attempts,
+    #: priority, timeout, backoff, each None when the block leaves it out (the operator then
+    #: clears it). None without the block: the operator leaves the queue's defaults alone, so
+    #: a Queue that does not use them never names their columns (a database still being
+    #: migrated to 0029 has none) nor undoes a `set_queue` made by hand.
+    job_defaults: Mapping[str, Any] | None = None
     #: Encryption: (Secret name, key) holding SHIGOTO_ENCRYPTION_KEYS for the runner pods, and
     #: whether the whole queue is encrypted (`shigoto.set_queue(encrypted=)`).
     encryption_keys: tuple[str, str] | None = None
@@ -405,7 +411,7 @@ def _forward(value: Any, queue_name: str) -> dict[str, str] | None:
     if unknown:
         raise SpecError(
             f"forward.{unknown[0]}",
-            f"only {' and '.join(crds.FORWARD_STATES)} jobs can be forwarded",
+            f"only {', '.join(crds.FORWARD_STATES)} jobs can be forwarded",
         )
     out = {}
     for state in crds.FORWARD_STATES:
@@ -422,6 +428,49 @@ def _forward(value: Any, queue_name: str) -> dict[str, str] | None:
             )
         out[state] = target
     return out or None
+
+
+#: `spec.jobDefaults` fields and the `set_queue` keyword each is written as.
+JOB_DEFAULT_FIELDS = {"maxAttempts": "max_attempts", "priority": "priority",
+                      "timeoutSeconds": "timeout", "backoffSeconds": "backoff"}  # fmt: skip
+NO_JOB_DEFAULTS: Mapping[str, Any] = dict.fromkeys(JOB_DEFAULT_FIELDS.values())
+
+
+def _job_seconds(value: Any, field: str, *, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError(field, f"must be a number of seconds, got {value!r}")
+    if not (value > 0 if positive else value >= 0) or value > crds.MAX_BACKOFF_SECONDS:
+        raise SpecError(field, f"must be {'above' if positive else 'at least'} 0 and at most "
+                        f"{crds.MAX_BACKOFF_SECONDS}, got {value!r}")  # fmt: skip
+    return float(value)
+
+
+def _job_defaults(value: Any) -> dict[str, Any] | None:
+    """`jobDefaults` as `set_queue` keywords; the same rules as the CRD schema and migration
+    0029's check. A field left out is None: the queue has no default for it. No block: None."""
+    if value is None:
+        return None
+    d = _object(value, "jobDefaults")
+    unknown = sorted(set(d) - set(JOB_DEFAULT_FIELDS))
+    if unknown:
+        raise SpecError(f"jobDefaults.{unknown[0]}", f"is not a job default; give "
+                        f"{', '.join(JOB_DEFAULT_FIELDS)}")  # fmt: skip
+    out = dict(NO_JOB_DEFAULTS)
+    if d.get("maxAttempts") is not None:
+        out["max_attempts"] = _integer(d["maxAttempts"], "jobDefaults.maxAttempts", minimum=1)
+    if d.get("priority") is not None:
+        out["priority"] = _integer(d["priority"], "jobDefaults.priority", minimum=-_INT32_MAX - 1)
+    if d.get("timeoutSeconds") is not None:
+        out["timeout"] = _job_seconds(d["timeoutSeconds"], "jobDefaults.timeoutSeconds",
+                                      positive=True)
+    steps = d.get("backoffSeconds")
+    if steps is not None:
+        if not isinstance(steps, list) or not 1 <= len(steps) <= crds.MAX_BACKOFF_STEPS:
+            raise SpecError("jobDefaults.backoffSeconds", f"must be a list of 1 to "
+                            f"{crds.MAX_BACKOFF_STEPS} numbers of seconds")  # fmt: skip
+        out["backoff"] = [_job_seconds(s, f"jobDefaults.backoffSeconds[{i}]", positive=False)
+                          for i, s in enumerate(steps)]  # fmt: skip
+    return out
 
 
 def _rate_limit(value: Any) -> dict[str, Any] | None:
@@ -549,6 +598,7 @@ def parse_queue(name: str, namespace: str, spec: Mapping[str, Any] | None) -> Qu
             else _integer(s["partitionConcurrency"], "partitionConcurrency", minimum=1)
         ),
         rate_limit=_rate_limit(s.get("rateLimit")),
+        job_defaults=_job_defaults(s.get("jobDefaults")),
         encryption_keys=encryption[0],
         encrypt_queue=encryption[1],
         disruption=_disruption(s.get("disruption")),

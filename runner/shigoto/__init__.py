@@ -62,6 +62,7 @@ from shigoto.ops.operations import (
     retry_by,
     status,
 )
+from shigoto.ops.queues import QueueInfo, delete_queue, list_queues
 from shigoto.runtime.runner import Runner, StuckThreadsError
 from shigoto.testing import adrain_queue, drain_queue
 from shigoto.worker import Worker, worker
@@ -86,6 +87,7 @@ __all__ = [
     "JobState",
     "JobTimeoutError",
     "MigrationError",
+    "QueueInfo",
     "RateLimit",
     "Runner",
     "Snooze",
@@ -116,12 +118,14 @@ __all__ = [
     "cancel_by",
     "current_job",
     "delete_jobs",
+    "delete_queue",
     "drain_queue",
     "enqueue",
     "enqueue_many",
     "get_job",
     "health",
     "list_jobs",
+    "list_queues",
     "migrate",
     "pause_queue",
     "prune",

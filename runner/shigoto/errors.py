@@ -7,6 +7,8 @@ steer its job, so they deliberately do not derive from `Error`.
 from __future__ import annotations
 
 import traceback
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 #: Most bytes (UTF-8) of an attempt's error message, and of its traceback, that are stored in
 #: `errors` or written to a log line; the rest is cut, with a note of the cut. One failing job
@@ -141,13 +143,54 @@ class Outcome(Exception):
 
 
 class Snooze(Outcome):
-    """Run the job again after `seconds`, without consuming an attempt."""
+    """Run the job again after `seconds`, or at `until` (an aware datetime), without consuming
+    an attempt. `Snooze(30)`, `Snooze(timedelta(minutes=5))`, `Snooze(until=tomorrow_9am)`.
 
-    def __init__(self, seconds: float) -> None:
-        if seconds < 0:
-            raise ValidationError("seconds", f"snooze needs a non-negative delay, got {seconds}")
-        super().__init__(f"snoozed for {seconds:g} s")
-        self.seconds = float(seconds)
+    An absolute time is kept as given and turned into a delay only when the runner records
+    the outcome (`seconds`), so a snooze raised long before its perform returned still lands
+    on `until`; a time already past makes the job available again at once. The delay is
+    measured on the runner's clock and added to the database's, so clock skew between the two
+    shifts it (seed counterpart: Gaffer's `{schedule, Timestamp}`)."""
+
+    def __init__(
+        self, seconds: float | timedelta | datetime | None = None, *, until: datetime | None = None
+    ) -> None:
+        if isinstance(seconds, datetime) and until is None:
+            seconds, until = None, seconds  # Snooze(some_datetime): the absolute form
+        if (seconds is None) == (until is None):
+            raise ValidationError("seconds", "give a delay (Snooze(30)) or an absolute "
+                                             "time (Snooze(until=aware_datetime)), not both "
+                                             "or neither")  # fmt: skip
+        self.until = _snooze_until(until) if until is not None else None
+        self._delay = _snooze_delay(seconds) if seconds is not None else 0.0
+        super().__init__(f"snoozed until {self.until.isoformat()}" if self.until is not None
+                         else f"snoozed for {self._delay:g} s")  # fmt: skip
+
+    @property
+    def seconds(self) -> float:
+        """Seconds from now until the job may run again (never negative)."""
+        if self.until is None:
+            return self._delay
+        return max(0.0, (self.until - datetime.now(UTC)).total_seconds())
+
+
+def _snooze_delay(seconds: Any) -> float:
+    if isinstance(seconds, timedelta):
+        seconds = seconds.total_seconds()
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
+        raise ValidationError("seconds", f"snooze needs a non-negative number of seconds or a "
+                                         f"timedelta, got {seconds!r}")  # fmt: skip
+    return float(seconds)
+
+
+def _snooze_until(until: Any) -> datetime:
+    if not isinstance(until, datetime):
+        raise ValidationError("until", f"must be a datetime, got {type(until).__name__}")
+    if until.tzinfo is None or until.utcoffset() is None:
+        raise ValidationError("until", f"{until.isoformat()} is naive; give a timezone "
+                                       "(datetime(..., tzinfo=timezone.utc)), since the "
+                                       "database stores UTC")  # fmt: skip
+    return until
 
 
 class Cancel(Outcome):

@@ -79,6 +79,9 @@ class JobSpec:
     #: Args stored sealed (docs/encryption.md): the worker's `encrypted=True`, or the queue's
     #: setting (marked at insert). `args_json` stays plaintext; the insert seals the row.
     encrypted: bool = False
+    #: Neither the enqueue nor the worker chose a priority: the insert gives the job its
+    #: queue's default priority, if the queue has one (`db.queue_priorities`), else `priority`.
+    queue_priority: bool = False
 
     def as_params(self) -> dict[str, Any]:
         return {
@@ -418,6 +421,7 @@ def _spec(resolved: _Resolved, args_json: str, options: Mapping[str, Any]) -> Jo
         meta_json=_fast_json_object("meta", options.get("meta")),
         partition_key=_partition_key(options.get("partition_key")),
         encrypted=resolved.encrypted,
+        queue_priority=priority is None,
     )
     if resolved.encrypted:
         sealing.require_ring(resolved.name, spec.queue)  # before anything is written

@@ -151,6 +151,12 @@ class Worker:
         """Seconds to wait before the next attempt after `attempt` failed with `error`."""
         return default_backoff(attempt)
 
+    @property
+    def sets_backoff(self) -> bool:
+        """Whether this worker chose its own backoff: only then does it beat its queue's
+        default backoff (`set_queue(..., backoff=...)`), as its other options do."""
+        return type(self).backoff is not Worker.backoff
+
     def on_discard(self, args: dict[str, Any], errors: list[dict[str, Any]]) -> None:
         """Called once when the job is discarded for good, with every recorded error."""
 
@@ -345,6 +351,10 @@ class FunctionWorker(Worker, template=True):
         if self._backoff is not None:
             return self._backoff(attempt, error)
         return default_backoff(attempt)
+
+    @property
+    def sets_backoff(self) -> bool:
+        return self._backoff is not None
 
     def on_discard(self, args: dict[str, Any], errors: list[dict[str, Any]]) -> Any:
         if self._on_discard is not None:

@@ -206,7 +206,7 @@ async def test_a_chain_of_queues_forwards_onward_and_a_cycle_stops(
 @pytest.mark.parametrize(
     ("forward", "field"),
     [
-        ({"completed": "done"}, "forward.completed"),
+        ({"retryable": "done"}, "forward.retryable"),
         ({"discarded": "two words"}, "forward.discarded"),
         ({"cancelled": ""}, "forward.cancelled"),
         ({"discarded": "q" * 129}, "forward.discarded"),
@@ -235,7 +235,7 @@ async def test_self_forwarding_names_the_fix(conn: psycopg.Connection[Any]) -> N
 
 async def test_the_table_refuses_what_the_client_refuses(conn: psycopg.Connection[Any]) -> None:
     """A row written by hand meets the same rule (the CHECK of migration 0011)."""
-    for bad in ('{"completed": "x"}', '{"discarded": "payments"}', '{"discarded": "a b"}',
+    for bad in ('{"retryable": "x"}', '{"discarded": "payments"}', '{"discarded": "a b"}',
                 '{"discarded": 1}', '{}', '["x"]'):  # fmt: skip
         with pytest.raises(psycopg.errors.CheckViolation):
             conn.execute(

@@ -141,12 +141,14 @@ def test_only_the_two_dispatchers_fire_on_a_jobs_insert_and_state_change(
     assert [name for name, tgtype in rows if tgtype & INSERT] == [steps.ADMIT_TRIGGER]
     assert [name for name, tgtype in rows if tgtype & UPDATE] == [steps.FINALIZE_TRIGGER]
     # The others, left alone: per INSERT statement, encrypted queues and the guard on
-    # forwarding meta (0026); batches on DELETE.
+    # forwarding meta (0026); per UPDATE statement, the note of queues forwarding completed
+    # jobs (0029); batches on DELETE.
     assert sorted(name for name, tgtype, _ in triggers if not tgtype & ROW) == [
-        "shigoto_jobs_encrypted_queue", "shigoto_jobs_forwarding_meta",
+        "shigoto_jobs_encrypted_queue", "shigoto_jobs_forwarding_meta", steps.NOTE_TRIGGER,
     ]  # fmt: skip
     assert [name for name, tgtype in rows if tgtype & DELETE] == ["shigoto_batch_left"]
-    assert all(not tgtype & BEFORE for _, tgtype, _ in triggers)  # COPY stays batched
+    # No BEFORE row trigger, so COPY stays batched; the note is BEFORE a statement, of UPDATE.
+    assert all(not tgtype & BEFORE for _, tgtype in rows)
     functions = {name: function for name, _, function in triggers}
     assert functions[steps.ADMIT_TRIGGER] == steps.ADMIT_TRIGGER
     assert functions[steps.FINALIZE_TRIGGER] == steps.FINALIZE_TRIGGER
@@ -278,7 +280,7 @@ def test_relations_in_flight_across_the_upgrade_from_0023_finish_after_it(
         ).fetchone() == (1, True)
         assert {name for name, _, _ in _user_triggers(conn, "shigoto_jobs")} == {
             steps.ADMIT_TRIGGER, steps.FINALIZE_TRIGGER, "shigoto_jobs_encrypted_queue",
-            "shigoto_jobs_forwarding_meta",
+            "shigoto_jobs_forwarding_meta", steps.NOTE_TRIGGER,
             "shigoto_batch_left",
         }  # fmt: skip
     assert shigoto.migrate(url) == []

@@ -42,6 +42,11 @@ REFUSED = "refused_once"
 
 
 @shigoto.worker
+def halfway() -> None:
+    shigoto.current_job().report_progress(50)  # job.progress
+
+
+@shigoto.worker
 def fine(n: int = 0) -> dict[str, int]:
     return {"n": n}
 
@@ -157,6 +162,7 @@ async def enqueue_everything(conn: psycopg.Connection[Any], runner: shigoto.Runn
     shigoto.enqueue_many([{"worker": dependency_down}] * 3)  # the breaker opens
     shigoto.enqueue(fine, queue="broadcast")  # fan-out: a delivery per runner
     shigoto.enqueue(stalls_the_loop)
+    shigoto.enqueue(halfway)
     with conn.transaction():  # a parent and its child in the caller's transaction
         bad = shigoto.enqueue(broken, conn=conn)
         child = shigoto.enqueue(fine, depends_on=[bad.id], conn=conn)  # cancelled with it
@@ -264,7 +270,8 @@ def check_metrics(metrics: RunnerMetrics, seen: Seen) -> None:
     assert total(metrics, "shigoto_claim_batch_size_sum") == claims
     assert total(metrics, "shigoto_jobs_retried_total") >= 1
     assert total(metrics, "shigoto_job_attempts_count") >= 1
-    inserted = sum(m["count"] for m, _ in seen.named("job.insert"))
+    # Only committed inserts count: those into the caller's open transaction do not.
+    inserted = sum(m["count"] for m, md in seen.named("job.insert") if not md["in_transaction"])
     assert total(metrics, "shigoto_jobs_inserted_total") == inserted
     assert total(metrics, "shigoto_insert_batch_size_sum") == inserted
     assert total(metrics, "shigoto_jobs_operator_cancelled_total") == 1

@@ -647,8 +647,12 @@ BAD = [
     ("queue-min-above-max", _queue(**AS), MIN_MAX),
     # maxReplicas left out: its default (10) is what minReplicas is compared with
     ("queue-min-above-default-max", _queue(autoscaling={"minReplicas": 11}), MIN_MAX),
-    ("queue-forward-completed", _queue(forward={"completed": "done"}),
+    ("queue-forward-retryable", _queue(forward={"retryable": "done"}),
      "schema: additionalProperties @ spec.forward"),
+    ("queue-job-defaults-zero-attempts", _queue(jobDefaults={"maxAttempts": 0}),
+     "schema: minimum @ spec.jobDefaults.maxAttempts"),
+    ("queue-job-defaults-empty-backoff", _queue(jobDefaults={"backoffSeconds": []}),
+     "schema: minItems @ spec.jobDefaults.backoffSeconds"),
     ("queue-forward-bad-name", _queue(forward={"discarded": "two words"}),
      "schema: pattern @ spec.forward.discarded"),
     ("queue-forward-long-name", _queue(forward={"cancelled": "q" * 129}),

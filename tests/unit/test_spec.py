@@ -185,7 +185,11 @@ def test_parsed_spec_does_not_share_mutable_state_with_the_input() -> None:
             "from 1",
         ),
         (queue_spec(forward=["q-dead"]), "spec.forward", "must be an object"),
-        (queue_spec(forward={"completed": "done"}), "spec.forward.completed", "discarded and"),
+        (queue_spec(forward={"retryable": "done"}), "spec.forward.retryable", "completed"),
+        (queue_spec(jobDefaults={"maxAttempts": 0}), "spec.jobDefaults.maxAttempts", "from 1"),
+        (queue_spec(jobDefaults={"backoffSeconds": [1, -1]}),
+         "spec.jobDefaults.backoffSeconds[1]", "at least 0"),
+        (queue_spec(jobDefaults={"timeout": 5}), "spec.jobDefaults.timeout", "not a job default"),
         (queue_spec(forward={"discarded": "two words"}), "spec.forward.discarded", "not match"),
         (queue_spec(forward={"cancelled": 5}), "spec.forward.cancelled", "must be a string"),
         # q is metadata.name, hence the queue name by default

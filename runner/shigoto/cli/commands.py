@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 
 from shigoto import config, logs
-from shigoto.cli import dashboard, jobs, rekey
+from shigoto.cli import bench_features, dashboard, jobs, queues, rekey
 from shigoto.db import embedded
 from shigoto.db.roles import ROLES
 from shigoto.errors import ConfigurationError, Error, ValidationError
@@ -399,12 +399,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --runners: also measure a queue with a global limit of L")
     p.add_argument("--bulk-returning", choices=("ids", "jobs"), default="ids",
                    help="what the bulk phase asks enqueue_many for (ids: no Job per row)")
+    bench_features.add_arguments(p)
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("demo", help="the whole loop on an embedded PostgreSQL, no setup")
     _common(p)
     rekey.add_parsers(sub, _common)
     jobs.add_parsers(sub, _common)
+    queues.add_parsers(sub, _common)
     dashboard.add_parser(sub, _common)
     _add_roles(sub)
     return parser
@@ -792,6 +794,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": _demo,
     **rekey.COMMANDS,
     **jobs.commands(_database_url),
+    **queues.commands(_database_url),
     **dashboard.commands(_database_url),
 }
 

@@ -7,10 +7,10 @@ dashboard and the CLI, which show them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, overload
 
 from shigoto.errors import Error
 from shigoto.job import Job
@@ -26,9 +26,14 @@ class JobRecord(Job):
 
 
 @dataclass(frozen=True, slots=True)
-class JobPage:
+class JobPage(Sequence[JobRecord]):
     """One page of `list_jobs`: its jobs, newest first, and the cursor of the next page (pass
     it as `after=`), None when this is the last one.
+
+    A page is a read-only sequence of its jobs, because callers treat a listing as a list:
+    `len(page)`, `page[0]`, `page[-1]`, `page[1:3]` (a plain list: a slice is not a page and
+    has no cursor of its own), `job in page`, iteration. An index out of range raises
+    IndexError as a list does.
 
     Pages of a bounded search (`scan_limit=`) also say how far they looked: `scanned_to_id`
     is the lowest id searched (every match from there up to the cursor is on this page), and
@@ -46,6 +51,19 @@ class JobPage:
 
     def __len__(self) -> int:
         return len(self.jobs)
+
+    @overload
+    def __getitem__(self, index: int) -> JobRecord: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[JobRecord]: ...
+
+    def __getitem__(self, index: int | slice) -> JobRecord | list[JobRecord]:
+        """A job by position (negative counts from the end), or a list of a slice's jobs."""
+        if isinstance(index, bool) or not isinstance(index, int | slice):
+            raise TypeError(f"JobPage indices must be integers or slices, not "
+                            f"{type(index).__name__}; the cursor is `page.next`")  # fmt: skip
+        return self.jobs[index]
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,9 @@ trigger that forwards a job reads it in the transaction that finishes the job.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -22,12 +23,15 @@ from psycopg_pool import AsyncConnectionPool
 
 from shigoto import config, telemetry
 from shigoto._service import Service
+from shigoto.client import queue_defaults
+from shigoto.client.queue_defaults import JobDefaults
 from shigoto.db import (
     database,
     encryption_statements,
     fair_statements,
     inserts,
     ops_statements,
+    queue_priorities,
     steps,
 )
 from shigoto.db.steps import Steps
@@ -65,6 +69,8 @@ class QueueSetting:
     rate_limit: RateLimit | None = None
     #: Every job enqueued into the queue stores its args sealed (docs/encryption.md).
     encrypted: bool = False
+    #: What its jobs get when neither their enqueue nor their worker says (queue_defaults).
+    job_defaults: JobDefaults = queue_defaults.NONE
 
 
 #: What `forward` is given as: a mapping of state to target queue (None: not forwarded).
@@ -137,12 +143,21 @@ def _rate_limit_json(value: Any) -> dict[str, Any]:
     return RateLimit.from_json(data).to_json()
 
 
+#: Settings columns of type jsonb.
+_JSON_COLUMNS = frozenset({"rate_limit", "default_backoff"})
+
+
+def _given_defaults(**given: Any) -> dict[str, Any]:
+    """The job defaults given to `set_queue` (UNSET ones left out), checked, by column."""
+    return queue_defaults.checked(**{k: v for k, v in given.items() if not isinstance(v, _Unset)})
+
+
 def _flow_steps(name: str, schema: str, values: Mapping[str, Any]) -> Steps[frozenset[str]]:
     """Write each given flow setting where it differs; returns the ones that changed."""
     changed: set[str] = set()
     for column, value in values.items():
-        default = value == fair_statements.FLOW_DEFAULTS[column]
-        stored = Jsonb(value) if column == "rate_limit" and value is not None else value
+        default = value == fair_statements.FLOW_DEFAULTS.get(column)  # job defaults: None
+        stored = Jsonb(value) if column in _JSON_COLUMNS and value is not None else value
         done = yield fair_statements.write_setting(schema, column, default=default), {
             "name": name, "value": stored}  # fmt: skip
         if done.rows:
@@ -212,6 +227,10 @@ async def write_settings(
     partition_concurrency: int | _Unset | None = UNSET,
     rate_limit: RateLimit | Mapping[str, Any] | _Unset | None = UNSET,
     encrypted: bool | None = None,
+    max_attempts: int | _Unset | None = UNSET,
+    priority: int | _Unset | None = UNSET,
+    timeout: float | timedelta | _Unset | None = UNSET,
+    backoff: Sequence[float | timedelta] | float | _Unset | None = UNSET,
 ) -> frozenset[str]:
     """Store the shared settings of `name` on the caller's connection (the operator's
     per-database pool), as `set_queue` does through the client's pool; a setting left out
@@ -221,7 +240,8 @@ async def write_settings(
     stored = _checked(name, global_concurrency, forward)
     _check_fanout(fanout)
     _check_encrypted(encrypted)
-    flow = flow_values(fair, weight, partition_concurrency, rate_limit)
+    flow = flow_values(fair, weight, partition_concurrency, rate_limit) | _given_defaults(
+        max_attempts=max_attempts, priority=priority, timeout=timeout, backoff=backoff)
     work = _write_steps(name, schema, global_concurrency, paused, stored, fanout, flow, encrypted)
     return await steps.arun(conn, work)
 
@@ -246,6 +266,10 @@ def set_queue(
     partition_concurrency: int | _Unset | None = UNSET,
     rate_limit: RateLimit | Mapping[str, Any] | _Unset | None = UNSET,
     encrypted: bool | None = None,
+    max_attempts: int | _Unset | None = UNSET,
+    priority: int | _Unset | None = UNSET,
+    timeout: float | timedelta | _Unset | None = UNSET,
+    backoff: Sequence[float | timedelta] | float | _Unset | None = UNSET,
     database_url: str | None = None,
     schema: str | None = None,
 ) -> None:
@@ -273,16 +297,27 @@ def set_queue(
     worker says (docs/encryption.md). The database refuses plaintext args for the queue from
     then on, so a process that has not heard of the change cannot leak; this process seals at
     once. Turning it off affects new jobs only: sealed ones still open.
+
+    Job defaults (docs/jobs.md, "Queue defaults"; seed counterpart: Gaffer's queue options):
+    `max_attempts`, `priority`, `timeout` (seconds) and `backoff` (`[5, 30, 300]`: seconds
+    after each failed attempt, the last repeating) apply to a job of the queue whose enqueue
+    and worker leave that option out: the enqueue's option wins, then the worker's, then the
+    queue's, then the global default. None removes a default; left out, it stays as it is.
+    Runners apply them within their watch interval; `priority` is written at enqueue (other
+    processes see a change within `db.queue_priorities.TTL` seconds).
     """
     stored = _checked(name, global_concurrency, forward)
     _check_fanout(fanout)
     _check_encrypted(encrypted)
-    flow = flow_values(fair, weight, partition_concurrency, rate_limit)
+    flow = flow_values(fair, weight, partition_concurrency, rate_limit) | _given_defaults(
+        max_attempts=max_attempts, priority=priority, timeout=timeout, backoff=backoff)
     work = _write_steps(name, config.schema(schema), global_concurrency, paused, stored, fanout,
                         flow, encrypted)  # fmt: skip
     pool = database.sync_pool(config.database_url(database_url))
     with pool.connection() as conn, conn.transaction():
         changed = steps.run(conn, work)
+    if "default_priority" in changed:
+        queue_priorities.forget(config.schema(schema))  # this process's enqueues: at once
     if "forward" in changed:
         _forward_event(name, stored, schema)
     if paused is not None:  # as pause_queue and resume_queue do
@@ -303,6 +338,10 @@ async def aset_queue(
     partition_concurrency: int | _Unset | None = UNSET,
     rate_limit: RateLimit | Mapping[str, Any] | _Unset | None = UNSET,
     encrypted: bool | None = None,
+    max_attempts: int | _Unset | None = UNSET,
+    priority: int | _Unset | None = UNSET,
+    timeout: float | timedelta | _Unset | None = UNSET,
+    backoff: Sequence[float | timedelta] | float | _Unset | None = UNSET,
     database_url: str | None = None,
     schema: str | None = None,
 ) -> None:
@@ -310,12 +349,15 @@ async def aset_queue(
     stored = _checked(name, global_concurrency, forward)
     _check_fanout(fanout)
     _check_encrypted(encrypted)
-    flow = flow_values(fair, weight, partition_concurrency, rate_limit)
+    flow = flow_values(fair, weight, partition_concurrency, rate_limit) | _given_defaults(
+        max_attempts=max_attempts, priority=priority, timeout=timeout, backoff=backoff)
     work = _write_steps(name, config.schema(schema), global_concurrency, paused, stored, fanout,
                         flow, encrypted)  # fmt: skip
     pool = await database.async_pool(config.database_url(database_url))
     async with pool.connection() as conn, conn.transaction():
         changed = await steps.arun(conn, work)
+    if "default_priority" in changed:
+        queue_priorities.forget(config.schema(schema))  # this process's enqueues: at once
     if "forward" in changed:
         _forward_event(name, stored, schema)
     if paused is not None:  # as pause_queue and resume_queue do
@@ -377,9 +419,11 @@ def setting_of(row: tuple[Any, ...]) -> QueueSetting:
     """A `QueueSetting` from a row of `fair_statements.READ_SETTINGS`. A rate limit no runner
     can use (the table's check forbids it; a newer client might write fields this one does not
     know) is logged and left out rather than stopping every queue's settings."""
-    _, limit, paused, fanout, fair, weight, cap, rate_limit, encrypted = row
+    _, limit, paused, fanout, fair, weight, cap, rate_limit, encrypted = row[:9]
     return QueueSetting(limit, bool(paused), bool(fanout), bool(fair), int(weight or 1), cap,
-                        _read_rate_limit(row[0], rate_limit), bool(encrypted))  # fmt: skip
+                        _read_rate_limit(row[0], rate_limit), bool(encrypted),
+                        queue_defaults.from_row(*row[9:13]) if len(row) >= 13
+                        else queue_defaults.NONE)  # fmt: skip
 
 
 def _read_rate_limit(queue: str, data: Any) -> RateLimit | None:

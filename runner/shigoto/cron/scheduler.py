@@ -75,6 +75,7 @@ class CronScheduler(Service):
 
     async def _enqueue_due(self, name: str) -> list[int]:
         stmts = cron_statements(self.schema)
+        announce: list[Callable[[], None]] = []  # job.insert, once the slots committed
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(stmts.lock, {"name": name})
@@ -94,12 +95,15 @@ class CronScheduler(Service):
             if not slots:
                 return []
             inserted = await inserts.ainsert(
-                conn, slot_specs(template, name, slots), schema=self.schema, source="cron"
+                conn, slot_specs(template, name, slots), schema=self.schema, source="cron",
+                after_commit=announce,
             )
             ids = [job.id for i, job in enumerate(inserted.jobs) if i not in inserted.conflicts]
             await conn.execute(stmts.advance, {
                 "name": name, "last_slot_at": slots[-1], "last_job_id": ids[-1] if ids else None,
             })  # fmt: skip
+        for event in announce:
+            event()
         log.info("cron %s enqueued %d slot(s)", name, len(ids),
                  extra={"cron": name, "job_ids": ids})  # fmt: skip
         telemetry.emit("cron.enqueue", {"count": len(ids)}, {"name": name, "job_ids": ids})

@@ -22,11 +22,20 @@ FLOW_DEFAULTS: dict[str, object] = {
     "rate_limit": None,
 }
 
+#: The queue's job defaults (migration 0029, `shigoto.client.queue_defaults`), written by the
+#: same statements as the flow settings; None, their default, creates no row.
+JOB_DEFAULT_COLUMNS = (
+    "default_max_attempts", "default_priority", "default_timeout", "default_backoff")  # fmt: skip
+
 # Every setting the runners read, in `QueueSetting`'s order; one indexed read per interval.
+# The job defaults are read through to_jsonb, so a runner of this release also reads a schema
+# that 0029 has not reached yet (they are then None) instead of failing mid-upgrade.
 READ_SETTINGS = """
 SELECT name, global_concurrency, paused, fanout, fair, weight, partition_concurrency, rate_limit,
-       encrypted
-FROM {queues} WHERE name = ANY(%(names)s)
+       encrypted, (to_jsonb(q) ->> 'default_max_attempts')::int,
+       (to_jsonb(q) ->> 'default_priority')::int, (to_jsonb(q) ->> 'default_timeout')::float8,
+       to_jsonb(q) -> 'default_backoff'
+FROM {queues} AS q WHERE name = ANY(%(names)s)
 """
 
 # Written only when it differs, and RETURNING says whether it did (like `forward` and
@@ -147,11 +156,13 @@ def read_settings(schema: str) -> sql.Composed:
 
 @functools.cache
 def write_setting(schema: str, column: str, *, default: bool) -> sql.Composed:
-    """The write of one flow setting; `default`: the value written is the column's default."""
-    if column not in FLOW_DEFAULTS:
-        raise ValueError(f"not a flow setting column: {column!r}")
+    """The write of one flow setting or job default; `default`: the value written is the
+    column's default."""
+    if column not in FLOW_DEFAULTS and column not in JOB_DEFAULT_COLUMNS:
+        raise ValueError(f"not a flow setting or job default column: {column!r}")
     template = _RESET if default else _SET
     return sql.SQL(template).format(queues=_queues(schema), column=sql.Identifier(column))
 
 
-__all__ = ["FLOW_DEFAULTS", "READ_SETTINGS", "read_settings", "write_setting"]
+__all__ = ["FLOW_DEFAULTS", "JOB_DEFAULT_COLUMNS", "READ_SETTINGS", "read_settings",
+           "write_setting"]

@@ -10,14 +10,16 @@ change reaches both twins and they cannot drift apart.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
 from psycopg.rows import tuple_row
 
 from shigoto import telemetry
+from shigoto.db import queue_priorities
 from shigoto.db import runtime_statements as statements
 from shigoto.db.copy_dumpers import COPY_TYPES, prepare_copy
 from shigoto.db.insert_encryption import EncryptedQueueError, mark, refused, retryable
@@ -64,11 +66,16 @@ async def ainsert(
     schema: str,
     source: Source,
     jobs: bool = True,
+    after_commit: list[Callable[[], None]] | None = None,
 ) -> Inserted:
     """Write validated specs on `conn`, joining its transaction; all or nothing. `jobs=False`:
     the caller wants `Inserted.ids` only, so no `Job` is built for a new row (unless a
-    `job.insert` subscriber needs them)."""
+    `job.insert` subscriber needs them). `after_commit`: a caller that commits the open
+    transaction itself (the cron scheduler) gets the `job.insert` event appended there, to
+    call once its commit succeeded, so a rolled-back insert is never announced as made."""
     retry = retryable(conn)
+    if queue_priorities.needed(specs):
+        specs = queue_priorities.applied(specs, await _aqueue_priorities(conn, schema))
     while True:
         started = time.monotonic()
         context = InsertContext(source, schema, conn)
@@ -101,8 +108,22 @@ async def ainsert(
             retry = refused(refusal, schema, retry)  # marked now: the next round seals
             continue
         result = assemble(entries, written, jobs=build)
-        emit(context, result, started)
+        if after_commit is None:
+            emit(context, result, started)
+        else:
+            after_commit.append(functools.partial(emit, context, result, started, committed=True))
         return result
+
+
+async def _aqueue_priorities(conn: psycopg.AsyncConnection[Any], schema: str) -> dict[str, int]:
+    """The schema's queue default priorities: cached, else read on `conn` (a plain SELECT,
+    harmless inside the caller's transaction)."""
+    known = queue_priorities.cached(schema)
+    if known is not None:
+        return known
+    async with conn.cursor(row_factory=tuple_row) as cur:
+        await cur.execute(queue_priorities.read_statement(schema))
+        return queue_priorities.remember(schema, await cur.fetchall())
 
 
 async def _awrite_many(

@@ -140,11 +140,15 @@ def assemble(entries: list[Any], written: list[Written], *, jobs: bool = True) -
     return Inserted(found_jobs, frozenset(conflicts), ids)
 
 
-def emit(context: InsertContext, result: Inserted, started: float) -> None:
+def emit(
+    context: InsertContext, result: Inserted, started: float, *, committed: bool = False
+) -> None:
     """`job.insert` as the statement ran (docs/telemetry.md): `in_transaction` tells a
-    subscriber the rows still wait on an open transaction, the caller's, which may roll back."""
+    subscriber the rows still wait on an open transaction, the caller's, which may roll back.
+    `committed=True`: the caller emits it after its own commit (cron), so it is not."""
     if not telemetry.enabled("job.insert"):
         return
+    pending = not committed and context.conn.info.transaction_status != TransactionStatus.IDLE
     new = [job for i, job in enumerate(result.jobs) if i not in result.conflicts]
     telemetry.emit(
         "job.insert",
@@ -152,5 +156,5 @@ def emit(context: InsertContext, result: Inserted, started: float) -> None:
          "duration": time.monotonic() - started},
         {"source": context.source, "schema": context.schema,
          "queues": sorted({job.queue for job in new}), "jobs": new,
-         "in_transaction": context.conn.info.transaction_status != TransactionStatus.IDLE},
+         "in_transaction": pending},
     )  # fmt: skip

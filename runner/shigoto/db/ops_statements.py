@@ -482,3 +482,59 @@ SELECT EXISTS (SELECT 1 FROM {jobs} WHERE queue = %(queue)s)
     OR EXISTS (SELECT 1 FROM {nodes} WHERE queues ? %(queue)s)
     OR EXISTS (SELECT 1 FROM {cron} WHERE queue = %(queue)s)
 """
+
+# `shigoto queues list`: every queue something names (jobs, a settings row, a live runner, a
+# cron schedule), with its jobs by state and its live runners. A runner counts while its
+# heartbeat is under 90 s old, as the operator's runner gauge counts them. The job counts scan
+# shigoto_jobs once (as `shigoto status` does); archived jobs are history and not counted.
+QUEUES_LIST = """
+WITH counts AS (
+    SELECT queue, jsonb_object_agg(state, n) AS states
+    FROM (SELECT queue, state, count(*) AS n FROM {jobs} GROUP BY queue, state) AS c
+    GROUP BY queue
+), runners AS (
+    SELECT q.name AS queue, count(*) AS n
+    FROM {nodes} AS n CROSS JOIN LATERAL jsonb_object_keys(n.queues) AS q(name)
+    WHERE n.last_seen_at > now() - interval '90 seconds'
+    GROUP BY q.name
+), crons AS (
+    SELECT queue, count(*) AS n FROM {cron} GROUP BY queue
+), names AS (
+    SELECT queue AS name FROM counts UNION SELECT name FROM {queues}
+    UNION SELECT queue FROM runners UNION SELECT queue FROM crons
+)
+SELECT names.name, coalesce(counts.states, '{{}}'::jsonb), coalesce(runners.n, 0),
+       coalesce(q.paused, false), q.name IS NOT NULL, coalesce(crons.n, 0)
+FROM names
+LEFT JOIN counts ON counts.queue = names.name
+LEFT JOIN runners ON runners.queue = names.name
+LEFT JOIN crons ON crons.queue = names.name
+LEFT JOIN {queues} AS q ON q.name = names.name
+ORDER BY names.name
+"""
+
+# `shigoto queues delete`: the queue's live jobs by state, read under the settings row's lock
+# so two deletes (or a delete and a set_queue) of one queue take turns.
+QUEUE_LIVE = """
+SELECT state, count(*) FROM {jobs}
+WHERE queue = %(queue)s AND state IN ('available', 'scheduled', 'executing', 'retryable')
+GROUP BY state ORDER BY state
+"""
+
+LOCK_QUEUE_ROW = "SELECT 1 FROM {queues} WHERE name = %(queue)s FOR UPDATE"
+
+# Other queues that forward into this one: deleting it would leave their copies nowhere.
+FORWARDED_INTO = """
+SELECT q.name, f.state
+FROM {queues} AS q CROSS JOIN LATERAL jsonb_each_text(q.forward) AS f(state, target)
+WHERE f.target = %(queue)s AND q.name <> %(queue)s ORDER BY 1, 2
+"""
+
+# The settings row goes first, so jobs cancelled by a forced delete are not forwarded.
+DELETE_QUEUE_ROW = "DELETE FROM {queues} WHERE name = %(queue)s RETURNING name"
+
+# The queue's finished jobs, as `delete_jobs` would delete them; jobs still executing (a forced
+# delete asked them to stop) finish as cancelled and stay until pruned.
+DELETE_QUEUE_FINISHED = """
+DELETE FROM {jobs} WHERE queue = %(queue)s AND state IN ('completed', 'discarded', 'cancelled')
+"""

@@ -233,8 +233,9 @@ class RunnerMetrics:
     def _client_metrics(self) -> None:
         """Inserts and operator cancels made in this process (see the module docstring)."""
         self.inserted = self._counter(
-            "inserted", "Jobs inserted by this process (enqueue, enqueue_many, cron), unique "
-            "conflicts left out.")  # fmt: skip
+            "inserted", "Jobs inserted and committed by this process (enqueue, enqueue_many, "
+            "cron), unique conflicts and inserts into a caller's open transaction left "
+            "out.")  # fmt: skip
         self.insert_batch = Histogram(
             "shigoto_insert_batch_size", "Jobs per insert by this process, by source "
             "(enqueue, enqueue_many, cron).", ("source",), buckets=BATCH_BUCKETS,
@@ -327,6 +328,8 @@ class RunnerMetrics:
         if event == "operator.cancel":
             self.operator_cancelled.inc(count)
             return
+        if metadata.get("in_transaction"):
+            return  # the caller's transaction may still roll back: only committed rows count
         if count:
             self.insert_batch.labels(str(metadata.get("source"))).observe(count)
         for job in metadata.get("jobs") or ():

@@ -119,7 +119,9 @@ def _retry_steps(f: Filter, schema: str) -> Steps[list[int]]:
     return sorted(row[0] for row in done.rows)
 
 
-def _cancel_steps(f: Filter, schema: str, reason: str) -> Steps[list[int]]:
+def cancel_steps(f: Filter, schema: str, reason: str) -> Steps[list[int]]:
+    """`cancel_by`'s statements, for callers that cancel inside a transaction of theirs
+    (`ops.queues.delete_queue`)."""
     where, params = f.where()
     done = yield ops_statements.with_filter(ops_statements.CANCEL, schema, where), {
         **params, "from": sorted(CANCELLABLE_STATES), "reason": f"Cancelled: {reason}",
@@ -152,7 +154,7 @@ def _bulk_steps(
         if action == "retry":
             return _matching_steps(f, ops_statements.RETRY_MATCHING, retry_from(f), schema)
         return _matching_steps(f, ops_statements.MATCHING, CANCELLABLE_STATES, schema)
-    return _retry_steps(f, schema) if action == "retry" else _cancel_steps(f, schema, reason)
+    return _retry_steps(f, schema) if action == "retry" else cancel_steps(f, schema, reason)
 
 
 def retry_by(

@@ -21,8 +21,10 @@ row, into or out of                             has a batch; its counts move (ba
 a final state                                   retry), and a sealed batch whose jobs all
                                                 finished enqueues its callbacks.
                                                 2. forwarding, `shigoto_forward_copy`: the
-                                                job was discarded or cancelled; a copy goes
-                                                to the queue its queue forwards that to.
+                                                job was discarded or cancelled, or completed
+                                                in a queue noted as forwarding completed
+                                                jobs (0029); a copy goes to the queue its
+                                                queue forwards that state to.
                                                 3. workflows, `shigoto_workflow_resolve`: the
                                                 job has waiting children; they are
                                                 cancelled or released.
@@ -43,8 +45,11 @@ forwarding read nothing the other writes, and batches first is the order every s
 once, which counts it in its batch: it is a member of an open batch before anything counts it.
 
 Each trigger's WHEN clause is the union of its steps' conditions, so a job none of them
-concerns (nearly every job: no batch, no waiting children, completed) calls no function at
-all; the dispatcher tests each condition again and calls only the steps that apply.
+concerns (nearly every job: no batch, no waiting children, completed in a queue that does not
+forward completed jobs) calls no function at all; the dispatcher tests each condition again
+and calls only the steps that apply. Whether a queue forwards completed jobs is a lookup a
+WHEN clause cannot make, so `NOTE_TRIGGER`, before the first UPDATE of `state` in a
+transaction, notes those queues in a transaction-local setting that the WHEN clause reads.
 
 Left outside the dispatchers, each the only one of its kind: the statement-level check of
 encrypted queues after an INSERT (migration 0018), and batches' two DELETE triggers (0010: a
@@ -56,6 +61,10 @@ this table.
 
 from __future__ import annotations
 
+#: The statement trigger that notes, once per transaction, which queues forward completed
+#: jobs (migration 0029), so the finalize trigger's WHEN clause lets a completion through only
+#: in those queues: a plain completion still calls no function.
+NOTE_TRIGGER = "shigoto_jobs_note_forwards"
 #: The row trigger (and function) that runs the steps at insert.
 ADMIT_TRIGGER = "shigoto_jobs_admit"
 #: The row trigger (and function) that runs the steps at a transition into or out of a final

@@ -35,6 +35,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from shigoto import telemetry
+from shigoto.client.queue_defaults import NONE as NO_DEFAULTS
+from shigoto.client.queue_defaults import JobDefaults
 from shigoto.context import JobContext, reset_current, reset_parent_results, set_current
 from shigoto.encryption import KeyRing
 from shigoto.encryption.sealing import process_ring
@@ -93,10 +95,14 @@ class JobExecutor:
         traceback_level: int = logging.DEBUG,
         schema: str = "public",
         keys: KeyRing | _ProcessRing | None = PROCESS_RING,
+        queue_defaults: Callable[[str], JobDefaults] | None = None,
     ) -> None:
         """`schema` binds sealed values to their jobs; `keys` opens and seals them (None: no
-        keys, sealed jobs fail to open; `PROCESS_RING`: `SHIGOTO_ENCRYPTION_KEYS`, read once)."""
+        keys, sealed jobs fail to open; `PROCESS_RING`: `SHIGOTO_ENCRYPTION_KEYS`, read once).
+        `queue_defaults` gives a queue's job defaults (the runner's latest read of its
+        settings), which come after the job's and the worker's own options."""
         self.node = node
+        self.queue_defaults = queue_defaults or (lambda _queue: NO_DEFAULTS)
         ring = process_ring() if isinstance(keys, _ProcessRing) else keys
         self.encryption = JobEncryption(schema, ring)
         self.resolve = resolve
@@ -241,7 +247,8 @@ class JobExecutor:
         )  # fmt: skip
 
     async def _perform(self, job: Job, worker: Worker, ctx: JobContext) -> Any:
-        timeout = job.timeout or worker.resolved_timeout()
+        timeout = (job.timeout or worker.timeout or self.queue_defaults(job.queue).timeout
+                   or DEFAULT_TIMEOUT)  # fmt: skip
         token = set_current(ctx)
         # Only this deadline's expiry is a job timeout: a TimeoutError the perform raises itself
         # (an HTTP client's, say) is an ordinary failure and must be recorded as such.
@@ -324,11 +331,13 @@ class JobExecutor:
         return functools.partial(asyncio.get_running_loop().call_soon_threadsafe,
                                  self.progress, job)  # fmt: skip
 
-    @staticmethod
-    def _max_attempts(job: Job, worker: Worker | None) -> int:
+    def _max_attempts(self, job: Job, worker: Worker | None) -> int:
+        """The job's own, else its worker's, else its queue's default, else the global one."""
         if job.max_attempts is not None:
             return job.max_attempts
-        return worker.resolved_max_attempts() if worker is not None else DEFAULT_MAX_ATTEMPTS
+        if worker is not None and worker.max_attempts:
+            return worker.max_attempts
+        return self.queue_defaults(job.queue).max_attempts or DEFAULT_MAX_ATTEMPTS
 
     async def _complete(
         self, job: Job, worker: Worker | None, outcome: Any, duration: float, sealed: bool
@@ -386,7 +395,8 @@ class JobExecutor:
         if job.attempt >= max_attempts:
             self._log_failure(job, error, kind, max_attempts, None, sealed)
             return await self._discard(job, worker, entry, duration, error, sealed)
-        delay = await self.callbacks.backoff(job, worker, error, sealed)
+        queue_delay = self.queue_defaults(job.queue).delay(job.attempt)
+        delay = await self.callbacks.backoff(job, worker, error, sealed, queue_delay)
         self._log_failure(job, error, kind, max_attempts, delay, sealed)
         return Completion(job, JobState.RETRYABLE, delay=delay,
                           error=self._stored(job, entry, sealed))  # fmt: skip

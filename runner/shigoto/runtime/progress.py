@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from psycopg_pool import AsyncConnectionPool
 
+from shigoto import telemetry
 from shigoto.db import runtime_statements as statements
 from shigoto.job import Job
 from shigoto.runtime.chain import Next
@@ -27,10 +28,14 @@ class ProgressWriter:
     """
 
     def __init__(
-        self, pool: Callable[[], AsyncConnectionPool | None], stmts: statements.Statements
+        self,
+        pool: Callable[[], AsyncConnectionPool | None],
+        stmts: statements.Statements,
+        node: str = "",
     ) -> None:
         self._pool = pool
         self.stmts = stmts
+        self.node = node
         self._progress: dict[int, int] = {}  # newest reported percent not yet written, by job
         self._writers: dict[int, asyncio.Task[None]] = {}
 
@@ -41,7 +46,10 @@ class ProgressWriter:
             self._progress.pop(job.id, None)  # the completion carries it
 
     def report(self, job: Job, percent: int) -> None:
-        """The executor's progress sink (called on the event loop)."""
+        """The executor's progress sink (called on the event loop). Emits `job.progress` for
+        every report, as it arrives: a subscriber follows the perform live, while the row only
+        gets the newest value per round trip."""
+        telemetry.emit("job.progress", {"progress": percent}, {"job": job, "node": self.node})
         self._progress[job.id] = percent
         if job.id not in self._writers:
             self._writers[job.id] = asyncio.create_task(self._write(job))

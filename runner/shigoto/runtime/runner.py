@@ -29,6 +29,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from shigoto import config, telemetry
 from shigoto._service import Service
+from shigoto.client import queue_defaults
+from shigoto.client.queue_defaults import JobDefaults
 from shigoto.client.queue_settings import QueueSetting, QueueSettingsWatcher, write_limits
 from shigoto.clock import SYSTEM, Clock
 from shigoto.cron import coverage as cron_coverage
@@ -305,7 +307,7 @@ class Runner:
         self.liveness.fence.on_lift = lambda: [p.wake() for p in self.producers.values()]
         self.liveness.fence.still_running = lambda job_id: (
             self._executor is not None and self._executor.still_running(job_id))  # fmt: skip
-        self.progress = ProgressWriter(lambda: self._pool, self.stmts)
+        self.progress = ProgressWriter(lambda: self._pool, self.stmts, self.node)
         self.flow = FlowControl(
             lambda: self._pool, self.stmts, self.node, clock=clock,
             queue_rate_limit=self._queue_rate_limit,
@@ -435,6 +437,7 @@ class Runner:
             traceback_level=self.traceback_level,
             # Keys read once, at start: a malformed SHIGOTO_ENCRYPTION_KEYS stops the runner.
             schema=self.schema, keys=process_ring(),
+            queue_defaults=self._job_defaults,
         )  # fmt: skip
         # The admissions, the bulkhead first: it costs no query and may spare the global
         # limit's. Shedding's latency sample last: the perform starts right after it.
@@ -581,6 +584,11 @@ class Runner:
         producer.stop_claiming()
         assert self._shutdown is not None  # a producer is there: the runner ran
         await self._shutdown.drain([producer], self.settings.shutdown_timeout)
+
+    def _job_defaults(self, queue: str) -> JobDefaults:
+        """A queue's job defaults as last read from `shigoto_queues` (none before the read)."""
+        setting = self._queue_settings.get(queue)
+        return setting.job_defaults if setting is not None else queue_defaults.NONE
 
     def _apply_settings(self, settings: dict[str, QueueSetting]) -> None:
         self._queue_settings.update(settings)

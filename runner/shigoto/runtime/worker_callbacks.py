@@ -38,12 +38,18 @@ class WorkerCallbacks:
         self.encryption = encryption
 
     async def backoff(
-        self, job: Job, worker: Worker | None, error: BaseException, sealed: bool
+        self,
+        job: Job,
+        worker: Worker | None,
+        error: BaseException,
+        sealed: bool,
+        queue_delay: float | None = None,
     ) -> float:
-        """Seconds until the next attempt: the worker's `backoff`, or the default when there
-        is no worker or its backoff failed or timed out."""
-        if worker is None:
-            return default_backoff(job.attempt)
+        """Seconds until the next attempt: the worker's `backoff` when it chose one, else the
+        queue's (`queue_delay`, from its job defaults), else the default; the default too when
+        the worker's backoff failed or timed out."""
+        if worker is None or not worker.sets_backoff:
+            return queue_delay if queue_delay is not None else default_backoff(job.attempt)
         try:
             delay = float(await self._call(job, "backoff", worker.backoff, job.attempt, error))
         except Exception as exc:

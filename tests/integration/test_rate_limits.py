@@ -18,6 +18,7 @@ import pytest
 import shigoto
 from shigoto.db.flow_statements import SLOT_META
 from shigoto.flow.rate_limit import ALGORITHMS
+from tests.support import flow_workers  # noqa: F401  (the in-process runner's workers)
 from tests.support.in_process import running
 from tests.support.runner_process import RunnerProcess
 from tests.support.waiting import until, wait_until
@@ -59,8 +60,10 @@ def starts(conn: psycopg.Connection, worker: str) -> list[float]:
 
 
 def window_counts(times: list[float], per: float) -> list[int]:
-    """For each start, the starts in the half-open window [start, start + per)."""
-    return [bisect.bisect_left(times, t + per) - i for i, t in enumerate(times)]
+    """For each start, the starts in the half-open window [start, start + per), by time: a
+    batch of reservations gives several jobs the very same start (one database clock reading
+    per batch), and each of them opens a window holding all of them."""
+    return [bisect.bisect_left(times, t + per) - bisect.bisect_left(times, t) for t in times]
 
 
 def full_window_counts(times: list[float], per: float) -> list[int]:

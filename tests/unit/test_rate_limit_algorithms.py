@@ -8,7 +8,13 @@ import random
 
 import pytest
 
-from shigoto.flow.rate_limit import ALGORITHMS, RateLimit, common_turn, take_turn
+from shigoto.flow.rate_limit import (
+    ALGORITHMS,
+    RateLimit,
+    common_turn,
+    reserve_in_order,
+    take_turn,
+)
 
 
 def starts_for(limit: RateLimit, arrivals: list[float]) -> list[float]:
@@ -125,3 +131,25 @@ def test_a_worker_and_a_queue_limit_agree_on_one_start_reserved_in_both() -> Non
     at, (w_state, q_state) = common_turn([(worker, w_state), (queue, q_state)], 10.0)
     assert at == 13.0  # the queue's window binds; the worker's slot moves with it
     assert take_turn(worker, w_state, 10.0).at == 14.0
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_batch_of_reservations_takes_the_turns_one_by_one_would(algorithm: str) -> None:
+    """`reserve_in_order` (a runner's batch of admissions in one transaction) gives each job
+    the turn, and leaves each limiter the state, that admitting them one after the other at
+    the same instant would: jobs under the worker's limit, the queue's, or both."""
+    worker = RateLimit(5, 1.0, algorithm)
+    queue = RateLimit(3, 1.0, "leaky_bucket")
+    asks = [[("w", worker)], [("w", worker), ("q", queue)], [("q", queue)]] * 4
+    turns, states, booked = reserve_in_order(asks, {"w": None, "q": None}, 100.0)
+
+    alone: dict[str, object] = {"w": None, "q": None}
+    for ask, (at, key) in zip(asks, turns, strict=True):
+        expected, new = common_turn([(limit, alone[k]) for k, limit in ask], 100.0)
+        assert at == expected
+        assert key in {k for k, _ in ask}
+        for (k, _), state in zip(ask, new, strict=True):
+            alone[k] = state
+    assert states == alone
+    assert booked == {k: max(at for ask, (at, _) in zip(asks, turns, strict=True)
+                             if k in {kk for kk, _ in ask}) for k in ("w", "q")}  # fmt: skip

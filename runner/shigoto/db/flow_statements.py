@@ -29,8 +29,8 @@ RETURNING l.key, l.state, extract(epoch FROM clock_timestamp())::float8 AS now
 
 SAVE_LIMITERS = """
 UPDATE {limits} AS l
-SET state = u.state, booked_to = to_timestamp(%(at)s), updated_at = clock_timestamp()
-FROM unnest(%(keys)s::text[], %(states)s::jsonb[]) AS u(key, state)
+SET state = u.state, booked_to = to_timestamp(u.at), updated_at = clock_timestamp()
+FROM unnest(%(keys)s::text[], %(states)s::jsonb[], %(ats)s::float8[]) AS u(key, state, at)
 WHERE l.key = u.key
 """
 
@@ -39,6 +39,13 @@ WHERE l.key = u.key
 HOLD_JOB = """
 UPDATE {jobs} SET attempted_at = to_timestamp(%(at)s)
 WHERE id = %(id)s AND state = 'executing' AND attempted_by = %(node)s
+"""
+
+# HOLD_JOB for the jobs of one batch of reservations, in one statement.
+HOLD_JOBS = """
+UPDATE {jobs} AS j SET attempted_at = to_timestamp(h.at)
+FROM unnest(%(ids)s::bigint[], %(ats)s::float8[]) AS h(id, at)
+WHERE j.id = h.id AND j.state = 'executing' AND j.attempted_by = %(node)s
 """
 
 # A job whose turn is further ahead goes back to wait, scheduled to be claimed again just
@@ -131,6 +138,6 @@ def compose(template: str, schema: str) -> str:
 
 __all__ = [
     "BLOCKED_WORKERS", "DEFER", "DEFER_RESERVED", "FORGET_IDLE_BREAKERS",
-    "FORGET_IDLE_LIMITERS", "HOLD_JOB", "LOCK_BREAKER", "LOCK_LIMITERS",
+    "FORGET_IDLE_LIMITERS", "HOLD_JOB", "HOLD_JOBS", "LOCK_BREAKER", "LOCK_LIMITERS",
     "READ_BREAKER", "SAVE_BREAKER", "SAVE_LIMITERS", "SLOT_META", "compose",
 ]  # fmt: skip

@@ -205,7 +205,28 @@ def common_turn(limits: list[tuple[RateLimit, Any]], now: float) -> tuple[float,
     raise RuntimeError("rate limits did not agree on a start time")  # pragma: no cover
 
 
+def reserve_in_order(
+    asks: list[list[tuple[str, RateLimit]]], states: dict[str, Any], now: float
+) -> tuple[list[tuple[float, str]], dict[str, Any], dict[str, float]]:
+    """Turns for several jobs at once, in the order asked, as if each had been admitted alone
+    right after the one before: each ask is one job's limits by limiter key. Returns each
+    job's (start, binding key: the limiter whose own turn was the latest), every touched
+    limiter's new state, and the latest start booked in each. `states` is not changed."""
+    current = dict(states)
+    booked: dict[str, float] = {}
+    turns: list[tuple[float, str]] = []
+    for limits in asks:
+        chosen = [(limit, current.get(key)) for key, limit in limits]
+        at, new_states = common_turn(chosen, now)
+        own = [take_turn(limit, state, now).at for limit, state in chosen]
+        turns.append((at, limits[own.index(max(own))][0]))
+        for (key, _), state in zip(limits, new_states, strict=True):
+            current[key] = state
+            booked[key] = max(booked.get(key, at), at)
+    return turns, {key: current[key] for key in booked}, booked
+
+
 __all__ = [
     "ALGORITHMS", "MAX_SLIDING_LIMIT", "RateLimit", "Turn", "common_turn", "fresh_state",
-    "take_turn",
+    "reserve_in_order", "take_turn",
 ]  # fmt: skip

@@ -21,6 +21,12 @@ claim that finds the
 reservation starts it at its time without asking again. So a job waits exactly until its
 turn, is never counted twice, and the runner keeps claiming other jobs meanwhile.
 
+Reservations are taken in batches (`_Reservations`): the jobs admitted while one reservation
+transaction is in flight all go in the next, which locks their limiters once and takes their
+turns in arrival order (`shigoto.flow.rate_limit.reserve_in_order`, the same turns as one by
+one). One transaction per job on a limiter's row serialised a whole fleet behind that row's
+commits: about 4 ms each, 250 jobs a second whatever the concurrency (issue 26).
+
 Breakers count outcomes. Each finished attempt of a worker with a breaker is recorded in its
 row (a failure when the perform raised or timed out and `classify` agrees; a success when it
 completed; a snooze, a cancel or a discard by intent counts as neither). While a breaker
@@ -47,7 +53,7 @@ from shigoto.db import flow_statements as fs
 from shigoto.db import runtime_statements as statements
 from shigoto.flow import CircuitBreaker, RateLimit
 from shigoto.flow import circuit_breaker as machine
-from shigoto.flow.rate_limit import common_turn, take_turn
+from shigoto.flow.rate_limit import reserve_in_order
 from shigoto.job import Job, JobState
 from shigoto.runtime.admission import RUN, Admitted, Done
 from shigoto.runtime.outcome import Completion
@@ -137,7 +143,7 @@ class FlowControl:
         self.queue_rate_limit = queue_rate_limit
         self.clock = clock
         self._sql = {name: fs.compose(getattr(fs, name), self.schema) for name in (
-            "LOCK_LIMITERS", "SAVE_LIMITERS", "HOLD_JOB", "DEFER_RESERVED", "DEFER",
+            "LOCK_LIMITERS", "SAVE_LIMITERS", "HOLD_JOB", "HOLD_JOBS", "DEFER_RESERVED", "DEFER",
             "READ_BREAKER", "LOCK_BREAKER", "SAVE_BREAKER", "BLOCKED_WORKERS")}  # fmt: skip
         #: Jobs of breaker workers running now, and the error of a failed attempt among them
         #: (the completion carries the error's text; `classify` needs the exception itself).
@@ -145,6 +151,7 @@ class FlowControl:
         self._errors: dict[int, BaseException] = {}
         self._sink: int | None = None
         self.lead = Lead()
+        self._reservations = _Reservations(self._reserve)
 
     @property
     def pool(self) -> AsyncConnectionPool:
@@ -223,15 +230,7 @@ class FlowControl:
         # like any other job (its old slot stays unused: the bound errs on the safe side).
         lead = self.lead.seconds
         try:
-            async with self.pool.connection() as conn, conn.transaction():
-                at, now, key = await self._reserve(conn, limits)
-                if at - now > lead:
-                    await conn.execute(self._sql["DEFER_RESERVED"], {
-                        "id": job.id, "node": self.node, "at": at, "wake": at - lead})  # fmt: skip
-                elif at > claimed:
-                    # Its recorded start is its turn, not the claim that came before it.
-                    await conn.execute(self._sql["HOLD_JOB"],
-                                       {"id": job.id, "node": self.node, "at": at})  # fmt: skip
+            at, now, key = await self._reservations.ask(_TurnAsk(job, limits, claimed, lead))
         except Exception as exc:
             log.warning("could not check the rate limits of job %s: %s; handing it back",
                         job.id, exc, extra=_fields(job))  # fmt: skip
@@ -243,22 +242,34 @@ class FlowControl:
         await self._sleep(at - now)
         return True
 
-    async def _reserve(
-        self, conn: Any, limits: list[tuple[str, RateLimit]]
-    ) -> tuple[float, float, str]:
-        """Lock the limiters, take one common turn and save it: (turn, now, binding key)."""
-        keys = sorted({key for key, _ in limits})
-        cur = await conn.execute(self._sql["LOCK_LIMITERS"], {"keys": keys})
-        rows = {key: (state, now) for key, state, now in await cur.fetchall()}
-        now = max(now for _, now in rows.values())
-        chosen = [(limit, rows[key][0]) for key, limit in limits]
-        at, states = common_turn(chosen, now)
-        await conn.execute(self._sql["SAVE_LIMITERS"], {
-            "keys": [key for key, _ in limits], "states": [Jsonb(s) for s in states],
-            "at": at})  # fmt: skip
-        own_turns = [take_turn(limit, state, now).at for limit, state in chosen]
-        binding = limits[own_turns.index(max(own_turns))][0]
-        return at, now, binding
+    async def _reserve(self, asks: list[_TurnAsk]) -> list[tuple[float, float, str]]:
+        """One transaction for a batch of jobs: lock their limiters, take their turns in
+        order, save the limiters, and record each job's fate (deferred to its turn, or held
+        for a start a moment ahead). Each job's (turn, now, binding key)."""
+        async with self.pool.connection() as conn, conn.transaction():
+            keys = sorted({key for ask in asks for key, _ in ask.limits})
+            cur = await conn.execute(self._sql["LOCK_LIMITERS"], {"keys": keys})
+            rows = {key: (state, now) for key, state, now in await cur.fetchall()}
+            now = max(now for _, now in rows.values())
+            turns, states, booked = reserve_in_order(
+                [ask.limits for ask in asks], {k: state for k, (state, _) in rows.items()}, now)
+            await conn.execute(self._sql["SAVE_LIMITERS"], {
+                "keys": list(states), "states": [Jsonb(s) for s in states.values()],
+                "ats": [booked[key] for key in states]})  # fmt: skip
+            held: list[tuple[int, float]] = []
+            for ask, (at, _) in zip(asks, turns, strict=True):
+                if at - now > ask.lead:
+                    await conn.execute(self._sql["DEFER_RESERVED"], {
+                        "id": ask.job.id, "node": self.node, "at": at,
+                        "wake": at - ask.lead})  # fmt: skip
+                elif at > ask.claimed:
+                    # Its recorded start is its turn, not the claim that came before it.
+                    held.append((ask.job.id, at))
+            if held:
+                await conn.execute(self._sql["HOLD_JOBS"], {
+                    "ids": [i for i, _ in held], "ats": [at for _, at in held],
+                    "node": self.node})  # fmt: skip
+        return [(at, now, key) for at, key in turns]
 
     @staticmethod
     def _reserved_start(job: Job) -> float | None:
@@ -454,6 +465,53 @@ class FlowControl:
                        {"job": job, "node": self.node, "reason": reason, "key": key})  # fmt: skip
         log.debug("job %s (%s) waits %.3fs: %s %s", job.id, job.worker, wait, reason, key,
                   extra=_fields(job))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _TurnAsk:
+    """One job waiting for its rate limits' turn: its limits by key, when it was claimed (a
+    start after that is recorded as its start) and the lead (a turn further ahead defers it)."""
+
+    job: Job
+    limits: list[tuple[str, RateLimit]]
+    claimed: float
+    lead: float
+
+
+class _Reservations:
+    """Gathers the turn asks of the jobs admitted meanwhile and reserves them together: one
+    batch in flight at a time, the next made of everything that arrived during it, in arrival
+    order. A failed batch fails every ask in it (each job is then handed back)."""
+
+    def __init__(
+        self, reserve: Callable[[list[_TurnAsk]], Any]
+    ) -> None:
+        self._reserve = reserve
+        self._waiting: list[tuple[_TurnAsk, asyncio.Future[tuple[float, float, str]]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def ask(self, turn: _TurnAsk) -> tuple[float, float, str]:
+        future: asyncio.Future[tuple[float, float, str]] = (
+            asyncio.get_running_loop().create_future())  # fmt: skip
+        self._waiting.append((turn, future))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._serve())
+        return await future
+
+    async def _serve(self) -> None:
+        while self._waiting:
+            await asyncio.sleep(0)  # the admissions of this turn of the loop join the batch
+            batch, self._waiting = self._waiting, []
+            try:
+                answers = await self._reserve([turn for turn, _ in batch])
+            except Exception as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), answer in zip(batch, answers, strict=True):
+                if not future.done():  # an ask cancelled meanwhile: its slot stays unused
+                    future.set_result(answer)
 
 
 def job_claimed_at(job: Job) -> float:

@@ -8,9 +8,11 @@ import json
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.types.json import Jsonb
 
 import shigoto
+from shigoto.client import job_filters
 from tests.integration.test_cli import ok, refused, shigoto_cli, shigoto_process
 
 ENVELOPE = {"$shigoto_enc": 1, "kid": "k1", "for": {"queue": "secret", "id": 0},
@@ -55,6 +57,30 @@ def test_list_pages_filters_and_renders(db_url: str, conn: psycopg.Connection) -
     assert text.returncode == 0, text.stderr
     assert "app.report" in text.stdout and f"--after {first['next']}" in text.stdout
     assert "discarded" in text.stdout
+
+
+def test_a_queue_filter_searches_a_bounded_stretch_of_ids_and_the_cursor_goes_on(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No index serves a queue or worker filter (migration 0028): a page searches at most
+    NAME_SCAN ids, so a rare queue on a big table costs a bounded read per page; a short page
+    says how far it looked, and its cursor finds the rest."""
+    monkeypatch.setattr(job_filters, "NAME_SCAN", 5)
+    rare = shigoto.enqueue("app.mail", queue="rare")
+    shigoto.enqueue_many([{"worker": "app.mail", "queue": "busy"} for _ in range(12)])
+
+    first = ok(shigoto_cli(db_url, "jobs", "list", "--queue", "rare", "--json"))
+    assert first["jobs"] == [] and first["partial"] and first["next"]
+    found, page = [], first
+    while page["next"]:
+        page = ok(shigoto_cli(db_url, "jobs", "list", "--queue", "rare", "--after",
+                              page["next"], "--json"))  # fmt: skip
+        found += [j["id"] for j in page["jobs"]]
+    assert found == [rare.id]
+    busy = ok(shigoto_cli(db_url, "jobs", "list", "--queue", "busy", "--limit", "3", "--json"))
+    assert len(busy["jobs"]) == 3 and not busy["partial"]
+    text = shigoto_cli(db_url, "jobs", "list", "--worker", "app.none")
+    assert "searched ids down to" in text.stdout, text.stdout
 
 
 def test_list_refusals_name_the_flag(db_url: str) -> None:

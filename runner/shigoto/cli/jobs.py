@@ -23,6 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from shigoto.client import jobs
+from shigoto.client.job_filters import name_scan
 from shigoto.encryption import is_envelope
 from shigoto.errors import ValidationError
 from shigoto.job import JOB_COLUMNS, Job
@@ -271,14 +272,22 @@ def _where(args: argparse.Namespace, url: str) -> dict[str, Any]:
 
 def run_list(args: argparse.Namespace, url: str) -> int:
     with _flags_in_errors():
-        page = jobs.list_jobs(**filters(args), limit=args.limit, after=args.after,
+        chosen = filters(args)
+        scan = name_scan(chosen["queue"], chosen["worker"])
+        page = jobs.list_jobs(**chosen, limit=args.limit, after=args.after, scan_limit=scan,
                               **_where(args, url))  # fmt: skip
     if args.json:
-        print(json.dumps({"jobs": [job_dict(j) for j in page], "next": page.next}, indent=2))
+        print(json.dumps({"jobs": [job_dict(j) for j in page], "next": page.next,
+                          "partial": page.partial, "scanned_to_id": page.scanned_to_id},
+                         indent=2))  # fmt: skip
         return 0
     view = list_table(page)
     _console(view).print(view)
-    print(f"next page: --after {page.next}" if page.next else "(last page)")
+    if page.partial:
+        print(f"searched ids down to {page.scanned_to_id} and found {len(page)}; the search "
+              f"goes on with --after {page.next}")  # fmt: skip
+    else:
+        print(f"next page: --after {page.next}" if page.next else "(last page)")
     return 0
 
 

@@ -26,6 +26,18 @@ DEFAULT_LIMIT = 50
 MAX_LIMIT = 1000
 #: The largest `scan_limit=` (ids one bounded page may search).
 MAX_SCAN_LIMIT = 10_000_000
+#: Ids one page of `shigoto jobs list` or the dashboard searches when it filters by queue or
+#: worker. No index serves those filters since migration 0028 (every claim and completion
+#: paid for them): on 10 M finished rows a rare or absent name read the whole table, about
+#: 1 s a page; bounded to this many ids a page takes 30-40 ms and may come back short, its
+#: cursor carrying on (docs/benchmarks.md, "Features and big tables").
+NAME_SCAN = 200_000
+
+
+def name_scan(queue: str | None, worker: str | None) -> int | None:
+    """The search bound of a listing page with these filters, for the CLI and the
+    dashboard: `NAME_SCAN` when it filters by queue or worker, else none."""
+    return NAME_SCAN if queue or worker else None
 
 #: The final states: the only ones the archive holds, and the only ones delete_jobs removes.
 FINISHED = sorted(str(s) for s in FINISHED_STATES)

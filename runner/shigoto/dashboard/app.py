@@ -29,6 +29,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import psycopg
 
 from shigoto.client import jobs as job_api
+from shigoto.client.job_filters import name_scan
 from shigoto.client.jobs import JobRecord
 from shigoto.dashboard import actions, assets, readings, views
 from shigoto.dashboard.auth import (
@@ -302,9 +303,12 @@ class Dashboard:
         refusal = views.filter_refusal(filters, viewer)
         if refusal is not None:
             raise HTTPError(403, refusal[1], refusal[0])
-        # An args filter has no index: each page searches a bounded stretch of ids and may come
-        # back short or empty, saying how far it looked, with `next` carrying on from there.
-        scan = self.args_scan if filters["args_contains"] is not None else None
+        # An args filter has no index, nor (migration 0028) a queue or worker filter: each
+        # page searches a bounded stretch of ids and may come back short or empty, saying how
+        # far it looked, with `next` carrying on from there.
+        scan = name_scan(filters["queue"], filters["worker"])
+        if filters["args_contains"] is not None:
+            scan = min(scan or self.args_scan, self.args_scan)
         with self._conn(source) as conn, _named_fields():
             page = job_api.list_jobs(**filters, scan_limit=scan, conn=conn, schema=source.schema)
         return json_response(200, {

@@ -293,3 +293,19 @@ async def test_the_operator_writes_a_queues_job_defaults_through(
                           "FROM shigoto_queues WHERE name = 'emails'").fetchone()  # fmt: skip
     assert stored == (5, None, None)
     assert parse_queue("emails", "shop", BASE).job_defaults is None
+
+
+def test_the_default_priority_read_tolerates_a_schema_without_the_queues_table(
+    conn: psycopg.Connection,
+) -> None:
+    """The insert path reads queue default priorities on the inserting connection, inside the
+    caller's transaction when there is one: on a schema whose queues table does not exist (yet:
+    a database still being migrated) it finds no defaults and must not abort that transaction."""
+    from shigoto.db import insert_sync
+
+    conn.execute("CREATE SCHEMA IF NOT EXISTS half_migrated")
+    queue_priorities.forget("half_migrated")
+    with conn.transaction():
+        assert insert_sync._queue_priorities(conn, "half_migrated") == {}
+        assert conn.execute("SELECT 1").fetchone() == (1,)  # the transaction is still good
+    queue_priorities.forget("half_migrated")

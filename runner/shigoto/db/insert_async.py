@@ -122,6 +122,10 @@ async def _aqueue_priorities(conn: psycopg.AsyncConnection[Any], schema: str) ->
     if known is not None:
         return known
     async with conn.cursor(row_factory=tuple_row) as cur:
+        await cur.execute(*queue_priorities.exists_statement(schema))
+        found = await cur.fetchone()
+        if not (found and found[0]):
+            return queue_priorities.remember(schema, [])
         await cur.execute(queue_priorities.read_statement(schema))
         return queue_priorities.remember(schema, await cur.fetchall())
 

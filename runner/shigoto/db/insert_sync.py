@@ -123,6 +123,10 @@ def _queue_priorities(conn: psycopg.Connection[Any], schema: str) -> dict[str, i
     if known is not None:
         return known
     with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(*queue_priorities.exists_statement(schema))
+        found = cur.fetchone()
+        if not (found and found[0]):
+            return queue_priorities.remember(schema, [])
         cur.execute(queue_priorities.read_statement(schema))
         return queue_priorities.remember(schema, cur.fetchall())
 

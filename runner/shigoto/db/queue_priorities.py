@@ -38,6 +38,18 @@ _lock = threading.Lock()
 _known: dict[str, tuple[float, dict[str, int]]] = {}
 
 
+# Whether the queues table is there at all: an enqueue into a database still being migrated
+# from nothing (the operator migrating a fresh database while a service starts) finds
+# shigoto_jobs before shigoto_queues, and naming a missing table would fail the caller's
+# transaction. Asked only when the cache is stale, like the read.
+_EXISTS = "SELECT to_regclass(%s) IS NOT NULL"
+
+
+def exists_statement(schema: str) -> tuple[str, tuple[str]]:
+    """The statement and parameters that say whether `schema`'s queues table exists."""
+    return _EXISTS, (sql.Identifier(schema, "shigoto_queues").as_string(None),)
+
+
 @functools.cache
 def read_statement(schema: str) -> sql.Composed:
     return sql.SQL(_READ).format(queues=sql.Identifier(schema, "shigoto_queues"))
@@ -85,4 +97,7 @@ def applied(specs: Sequence[Any], priorities: dict[str, int]) -> list[Any]:
     ]
 
 
-__all__ = ["TTL", "applied", "cached", "forget", "needed", "read_statement", "remember"]
+__all__ = [
+    "TTL", "applied", "cached", "exists_statement", "forget", "needed", "read_statement",
+    "remember",
+]  # fmt: skip

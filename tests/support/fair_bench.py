@@ -101,11 +101,11 @@ def _round(url: str, backlog: int, claims: int) -> dict[str, Any]:
             "copy_with_fair_index_s": copy_with_index,
         }  # fmt: skip
         conn.execute("TRUNCATE shigoto_jobs")
-        conn.execute("DROP INDEX shigoto_jobs_fair_claim_idx")
+        conn.execute("DROP INDEX shigoto_jobs_fair_walk_idx")
         out["copy_without_fair_index_s"] = _fill(url, "plain", {"big": backlog, **SMALL})
-        conn.execute("CREATE INDEX shigoto_jobs_fair_claim_idx ON shigoto_jobs (queue, "
+        conn.execute("CREATE INDEX shigoto_jobs_fair_walk_idx ON shigoto_jobs (queue, "
                      "(coalesce(partition_key, '')), priority DESC, scheduled_at, id) "
-                     "WHERE state = 'available'")  # fmt: skip
+                     "WHERE (state = 'available') IS TRUE")  # fmt: skip
     return out
 
 

@@ -65,12 +65,15 @@ RETURNING name
 # back before the next claim (then its partition's turn is not raised, and ties went to the oldest
 # job: one job per claim turned FIFO).
 # - `keys` walks the distinct keys of the queue's available jobs, one index probe per key (a
-#   skip scan on shigoto_jobs_fair_claim_idx), never reading a partition's backlog; a job
+#   skip scan on shigoto_jobs_fair_walk_idx), never reading a partition's backlog; a job
 #   without a key is in partition ''. From the first key after `after` to the last, then from
 #   the first key (`lap`) up to `after` itself, so the partition served last comes last; at
 #   most `window` keys, so a queue with thousands of keys costs the same per claim and the
 #   next claim continues where this one stopped. `after` '' (no claim yet) walks every named
 #   key, then ''.
+# - Every read of available rows says `(j.state = 'available') IS TRUE`, the predicate of the
+#   fair walk index (migration 0031) and of no other: the plan cannot fall back on the claim
+#   index plus a sort when the statistics predate the queue's jobs.
 # - Each partition offers its first `share` jobs in claim order (LIMIT, SKIP LOCKED: rows other
 #   claims hold are passed over, never waited for), so the rows read and locked stay near
 #   `limit` plus one per partition. Each row also returns `share` (the fair claim asks again
@@ -92,14 +95,14 @@ PICK = (
     FROM keys
     LEFT JOIN LATERAL (
         SELECT coalesce(j.partition_key, '') AS k FROM {jobs} AS j
-        WHERE j.state = {available} AND j.queue = %(queue)s
+        WHERE (j.state = {available}) IS TRUE AND j.queue = %(queue)s
           AND coalesce(j.partition_key, '') > keys.k
         ORDER BY coalesce(j.partition_key, '') LIMIT 1
     ) AS later ON true
     LEFT JOIN LATERAL (
         SELECT coalesce(j.partition_key, '') AS k FROM {jobs} AS j
         WHERE later.k IS NULL AND NOT keys.lap
-          AND j.state = {available} AND j.queue = %(queue)s
+          AND (j.state = {available}) IS TRUE AND j.queue = %(queue)s
         ORDER BY coalesce(j.partition_key, '') LIMIT 1
     ) AS first ON true
     WHERE keys.k IS NOT NULL AND keys.n < %(window)s
@@ -131,7 +134,7 @@ PICK = (
     LEFT JOIN busy AS b ON b.k = p.k
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.scheduled_at FROM {jobs} AS j
-        WHERE j.state = {available} AND j.queue = %(queue)s
+        WHERE (j.state = {available}) IS TRUE AND j.queue = %(queue)s
           AND coalesce(j.partition_key, '') = p.k{filters}
         ORDER BY j.priority DESC, j.scheduled_at, j.id
         LIMIT greatest(0, least(s.n, coalesce(%(cap)s::int - b.n, %(cap)s::int, s.n)))

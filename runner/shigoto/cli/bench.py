@@ -717,7 +717,7 @@ def main(args: argparse.Namespace, database_url: str) -> int:
     logging.getLogger("shigoto").setLevel(logging.WARNING)
     counts = _runner_counts(getattr(args, "runners", None))
     limit = getattr(args, "global_limit", None)
-    # Both set only by `python -m shigoto.cli.bench_features` (bench_features.add_arguments).
+    # `shigoto bench --features` and `--bench-database` (shigoto.cli.commands).
     features = bool(getattr(args, "features", False))
     name = getattr(args, "bench_database", None) or BENCH_DATABASE
     url = prepare_database(database_url, cfg.schema, name)

@@ -28,7 +28,6 @@ shigoto_bench).
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -213,11 +212,3 @@ def add_rows(table: Any, report: dict[str, Any]) -> None:
                 f"{details}; {p['jobs']:,} jobs, {bench._num(ratio and 100 * ratio, '.0f', ' %')}"
                 f" of plain; deferred {p['deferred']}",
             )  # fmt: skip
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags this module adds to `shigoto bench`."""
-    parser.add_argument("--features", action="store_true",
-                        help="also run the fair queue, rate limit, workflow phases")  # fmt: skip
-    parser.add_argument("--bench-database", default=bench.BENCH_DATABASE, metavar="NAME",
-                        help="the scratch database to create and drop")  # fmt: skip

@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 
 from shigoto import config, logs
-from shigoto.cli import bench_features, dashboard, jobs, queues, rekey
+from shigoto.cli import dashboard, jobs, queues, rekey
 from shigoto.db import embedded
 from shigoto.db.roles import ROLES
 from shigoto.errors import ConfigurationError, Error, ValidationError
@@ -399,7 +399,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --runners: also measure a queue with a global limit of L")
     p.add_argument("--bulk-returning", choices=("ids", "jobs"), default="ids",
                    help="what the bulk phase asks enqueue_many for (ids: no Job per row)")
-    bench_features.add_arguments(p)
+    # Not imported from shigoto.cli.bench_features: importing it registers the bench's own
+    # workers, and then every `shigoto run` would think it had some.
+    p.add_argument("--features", action="store_true",
+                   help="also measure a fair queue, a rate-limited worker and workflows")
+    p.add_argument("--bench-database", default="shigoto_bench", metavar="NAME",
+                   help="the scratch database to create and drop (default shigoto_bench)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("demo", help="the whole loop on an embedded PostgreSQL, no setup")

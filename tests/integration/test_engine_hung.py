@@ -103,7 +103,9 @@ async def test_an_operator_cancel_stops_a_sync_perform_with_event_and_metric(
                                                              runner.node)  # fmt: skip
     value = metrics.cancelled.labels("default", w.cancellable.name)._value.get()
     assert value == 1
-    assert state(conn, job.id) == "cancelled"
+    # The outcome reaches the row through the completer, after the event: wait for it.
+    await until(lambda: state(conn, job.id) == "cancelled", timeout=DEADLINE,
+                message="the cancel recorded")  # fmt: skip
 
 
 async def test_callbacks_that_hang_do_not_keep_the_outcome_from_being_recorded(

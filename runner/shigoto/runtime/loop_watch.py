@@ -115,10 +115,16 @@ class LoopWatch:
         while not self._stop.wait(TICK):
             stamp = self._stamp
             late = self.monotonic() - stamp
-            if late < self.threshold or self._stalled_since == stamp:
+            if late < self.threshold:
+                continue
+            if self._stalled_since == stamp and self._blamed is not None:
                 continue
             frame = sys._current_frames().get(self._loop_thread or 0)
             job = job_on_stack(frame, self.execute_code)
+            if self._stalled_since == stamp and job is None:
+                continue  # still no job to blame for this stall: nothing new to say
+            # A stall first seen with no job on the stack (start-up work, a slow callback on
+            # a busy machine) may turn into a job's: the job is then named as soon as seen.
             self._blamed, self._stalled_since = job, stamp
             log.warning("event loop blocked for more than %.1fs%s; no job advances and no "
                         "heartbeat is sent until it returns", late, _by(job),

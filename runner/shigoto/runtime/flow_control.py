@@ -160,10 +160,12 @@ class FlowControl:
     # --- the admission -------------------------------------------------------------------
 
     def applies(self, job: Job) -> bool:
-        """Whether `admit` has anything to do: a rate limit or a breaker over the job."""
+        """Whether `admit` has anything to do: a breaker, or a rate limit of the worker or
+        the queue, over the job (the limiter keys are left for `admit` to build)."""
         worker = registry.get(job.worker)
-        return getattr(worker, "circuit_breaker", None) is not None or bool(
-            self._rate_limits(job, worker))  # fmt: skip
+        return (getattr(worker, "circuit_breaker", None) is not None
+                or getattr(worker, "rate_limit", None) is not None
+                or self._queue_limit(job.queue) is not None)  # fmt: skip
 
     async def admit(self, job: Job) -> Admitted:
         """The admission: a breaker that refuses, or a rate limit whose turn is later, keeps

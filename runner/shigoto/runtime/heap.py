@@ -34,8 +34,8 @@ def freeze_startup_heap() -> int:
     Returns how many objects are frozen."""
     gc.collect()
     gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(max(YOUNG_THRESHOLD, gc.get_threshold()[0]), older, oldest)
+    young, older, oldest = gc.get_threshold()
+    gc.set_threshold(max(YOUNG_THRESHOLD, young), older, oldest)
     return gc.get_freeze_count()
 
 

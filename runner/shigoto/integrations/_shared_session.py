@@ -41,6 +41,16 @@ def _keep_handlers(pgconn: Any) -> tuple[Any, Any]:
     return pgconn.notice_handler, pgconn.notify_handler
 
 
+def _adopt(view: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+           owner: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+           handlers: tuple[Any, Any]) -> None:  # fmt: skip
+    """After `view` was built on `owner`'s session: the owner's handlers back in place, its
+    lock shared, its transaction settings mirrored."""
+    owner.pgconn.notice_handler, owner.pgconn.notify_handler = handlers
+    view.lock = owner.lock  # type: ignore[assignment]
+    _mirror(view, owner)
+
+
 class SharedConnection(psycopg.Connection[Any]):
     """`owner`'s session, seen through psycopg's defaults; valid while the owner's
     transaction is the one to join (build one per call)."""
@@ -48,9 +58,7 @@ class SharedConnection(psycopg.Connection[Any]):
     def __init__(self, owner: psycopg.Connection[Any]) -> None:
         handlers = _keep_handlers(owner.pgconn)
         super().__init__(owner.pgconn)
-        owner.pgconn.notice_handler, owner.pgconn.notify_handler = handlers
-        self.lock = owner.lock
-        _mirror(self, owner)
+        _adopt(self, owner, handlers)
 
     def close(self) -> None:
         """Never: the session is the framework's."""
@@ -65,9 +73,7 @@ class AsyncSharedConnection(psycopg.AsyncConnection[Any]):
     def __init__(self, owner: psycopg.AsyncConnection[Any]) -> None:
         handlers = _keep_handlers(owner.pgconn)
         super().__init__(owner.pgconn)
-        owner.pgconn.notice_handler, owner.pgconn.notify_handler = handlers
-        self.lock = owner.lock
-        _mirror(self, owner)
+        _adopt(self, owner, handlers)
 
     async def close(self) -> None:
         """Never: the session is the framework's."""

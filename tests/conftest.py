@@ -37,6 +37,9 @@ from tests.support.embedded_servers import (
 from tests.support.runner_process import RunnerProcess, started_processes
 
 #: Names this process's databases, so a database left behind tells which worker made it.
+#: Fixtures shared by several test modules, each in a module of its own.
+pytest_plugins = ["tests.support.process_keys"]
+
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
 
 

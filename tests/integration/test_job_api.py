@@ -4,7 +4,6 @@ archive), delete finished jobs, wait for an outcome; sync and async twins; `conn
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -15,8 +14,7 @@ from psycopg import sql
 import shigoto
 from shigoto.client import job_filters, job_steps
 from shigoto.client import jobs as job_api
-from shigoto.db import insert_encryption
-from shigoto.encryption import ENV_VAR, DecryptionError, Key, KeyRing, is_envelope, sealing
+from shigoto.encryption import DecryptionError, KeyRing, is_envelope, sealing
 from shigoto.ops import operations as ops
 from tests.support import encryption_workers
 from tests.support.in_process import running
@@ -318,18 +316,6 @@ async def test_wait_for_times_out_and_a_missing_job_is_not_found(db_url: str) ->
     with pytest.raises(shigoto.ValidationError) as bad:
         shigoto.wait_for(job.id, timeout=-1)
     assert bad.value.field == "timeout"
-
-
-@pytest.fixture
-def key_ring(monkeypatch: pytest.MonkeyPatch) -> Iterator[KeyRing]:
-    """A key for this process (client and in-process runner); forgotten afterwards."""
-    monkeypatch.delenv(ENV_VAR, raising=False)
-    ring = KeyRing([Key.from_secret(b"k" * 32)])
-    sealing.use_keys(ring)
-    insert_encryption._ENCRYPTED_QUEUES.clear()
-    yield ring
-    sealing.reload_keys()
-    insert_encryption._ENCRYPTED_QUEUES.clear()
 
 
 async def test_wait_for_opens_the_sealed_result_of_an_encrypted_job(

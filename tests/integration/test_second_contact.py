@@ -16,7 +16,6 @@ import psycopg
 import pytest
 
 import shigoto
-from shigoto.db import insert_encryption
 from shigoto.encryption import Key, KeyRing, is_envelope, sealing
 from shigoto.errors import ValidationError
 from tests.support import encryption_workers
@@ -173,17 +172,6 @@ def test_cron_schedule_accepts_a_worker_of_another_codebase_with_a_warning(
     assert any("billing_service.jobs.invoice is not registered in this process" in r.getMessage()
                for r in caplog.records)  # fmt: skip
     shigoto.cron.schedule("echo", "0 3 * * *", "tests.support.process_workers.echo")  # no error
-
-
-@pytest.fixture
-def key_ring(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.delenv("SHIGOTO_ENCRYPTION_KEYS", raising=False)
-    ring = KeyRing([Key.from_secret(b"k" * 32)])
-    sealing.use_keys(ring)
-    insert_encryption._ENCRYPTED_QUEUES.clear()
-    yield ring
-    sealing.reload_keys()
-    insert_encryption._ENCRYPTED_QUEUES.clear()
 
 
 async def test_get_job_opens_sealed_args_and_results_with_the_process_keys(
